@@ -1,0 +1,298 @@
+"""Build-time helpers for the course site (registered under ``hooks:`` in mkdocs.yml).
+
+Pages stay short and never drift from the code because the hook expands a few
+HTML-comment directives from the sources at build time. Each directive must
+stand alone on a line, starting in the first column:
+
+``<!-- diff: OLD NEW -->``
+    A unified diff (a ```diff block) between two files of the repository.
+``<!-- grading: tests/test_NN_*.py -->``
+    A table of the graded tests in those files: name, points, what it checks.
+``<!-- lesson-card: NN -->``
+    A table with the lesson's level, script, launcher and run commands, read
+    from the lesson registry ``course.lessons``.
+``<!-- lessons-table -->``
+    The whole course path from the registry, linked to each lesson page.
+
+The hook also puts a copy of mermaid, taken from an installed Python package,
+into the site so that diagrams render with no network.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import glob
+import importlib
+import importlib.util
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+from mkdocs.structure.files import File
+
+# Where the site loads mermaid from; mkdocs.yml lists it under extra_javascript.
+MERMAID_DEST = "assets/vendor/mermaid.min.js"
+
+DIRECTIVE = re.compile(r"^<!-- (?P<name>[a-z-]+):?(?P<args>[^>]*?)\s*-->[ \t]*$", re.M)
+SECTION_MARKER = re.compile(r"--8<--\s*\[\s*(?:start|end)\s*:\s*[a-z][-_0-9a-z]*\s*\]")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --------------------------------------------------------------------------- mermaid
+
+
+def find_mermaid_js() -> Path:
+    """The mermaid bundle shipped inside the ``mmdc`` wheel (a dev dependency)."""
+    spec = importlib.util.find_spec("mmdc")
+    if spec is None or not spec.submodule_search_locations:
+        raise PluginError(
+            "mermaid JS not found: install the dev extra (pip install -e '.[dev]'), "
+            "which brings the 'mmdc' package that ships mermaid.js"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / "assets" / "mermaid.js"
+    if not path.is_file():
+        raise PluginError(f"mermaid JS not found at {path}: the 'mmdc' package changed layout")
+    return path
+
+
+# --------------------------------------------------------------------------- diff
+
+
+def strip_section_markers(text: str) -> list[str]:
+    """Source lines without snippet section markers, which are scaffolding, not code."""
+    return [line for line in text.splitlines(keepends=True) if not SECTION_MARKER.search(line)]
+
+
+def render_diff(old: str, new: str, root: Path = ROOT) -> str:
+    for rel in (old, new):
+        if not (root / rel).is_file():
+            raise PluginError(f"diff: no such file {rel!r} (paths are relative to the repo root)")
+    a = strip_section_markers((root / old).read_text(encoding="utf-8"))
+    b = strip_section_markers((root / new).read_text(encoding="utf-8"))
+    lines = list(difflib.unified_diff(a, b, fromfile=old, tofile=new, n=3))
+    if not lines:
+        return f"`{old}` and `{new}` are identical.\n"
+    body = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+    return f'```diff title="{old} → {new}"\n{body}```\n'
+
+
+# --------------------------------------------------------------------------- grading
+
+
+@dataclass
+class GradedTest:
+    name: str
+    points: int | None
+    doc: str
+    cases: int | None = None
+    markers: list[str] = field(default_factory=list)
+
+
+def _marker(node: ast.expr) -> tuple[str, list[ast.expr]] | None:
+    """``pytest.mark.NAME(args)`` or ``pytest.mark.NAME`` -> (NAME, args)."""
+    call_args: list[ast.expr] = []
+    if isinstance(node, ast.Call):
+        call_args = list(node.args)
+        node = node.func
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+        if node.value.attr == "mark":
+            return node.attr, call_args
+    return None
+
+
+def _markers(nodes: list[ast.expr]) -> list[tuple[str, list[ast.expr]]]:
+    found = []
+    for node in nodes:
+        m = _marker(node)
+        if m is not None:
+            found.append(m)
+    return found
+
+
+def _pytestmark(body: list[ast.stmt]) -> list[ast.expr]:
+    for stmt in body:
+        if isinstance(stmt, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "pytestmark" for t in stmt.targets
+        ):
+            v = stmt.value
+            return list(v.elts) if isinstance(v, ast.List | ast.Tuple) else [v]
+    return []
+
+
+def _apply(test: GradedTest, markers: list[tuple[str, list[ast.expr]]]) -> None:
+    for name, args in markers:
+        if name == "points" and args and isinstance(args[0], ast.Constant):
+            test.points = int(args[0].value)
+        elif name == "parametrize" and len(args) >= 2:
+            if isinstance(args[1], ast.List | ast.Tuple):
+                test.cases = (test.cases or 1) * len(args[1].elts)
+        elif name == "gpus" and args and isinstance(args[0], ast.Constant):
+            test.markers.append(f"nccl variant needs {args[0].value} GPUs")
+        elif name in {"core", "slow"}:
+            test.markers.append(name)
+
+
+def collect_graded_tests(path: Path) -> list[GradedTest]:
+    """Test functions of one file with their markers and docstrings, in file order."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    module_marks = _markers(_pytestmark(tree.body))
+    tests: list[GradedTest] = []
+
+    def add(fn: ast.FunctionDef | ast.AsyncFunctionDef, inherited, prefix: str = "") -> None:
+        doc = ast.get_docstring(fn) or ""
+        test = GradedTest(name=prefix + fn.name, points=None, doc=doc.strip().split("\n\n")[0])
+        _apply(test, inherited + _markers(fn.decorator_list))
+        tests.append(test)
+
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith(
+            "test"
+        ):
+            add(node, module_marks)
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            inherited = module_marks + _markers(node.decorator_list) + _markers(
+                _pytestmark(node.body)
+            )
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and (
+                    item.name.startswith("test")
+                ):
+                    add(item, inherited, prefix=f"{node.name}::")
+    return tests
+
+
+def render_grading(pattern: str, root: Path = ROOT) -> str:
+    paths = sorted(Path(p) for p in glob.glob(str(root / pattern)))
+    if not paths:
+        raise PluginError(f"grading: no test file matches {pattern!r}")
+    rows, total = [], 0
+    for path in paths:
+        rel = path.relative_to(root).as_posix()
+        for t in collect_graded_tests(path):
+            if t.points is None:
+                continue
+            total += t.points
+            what = " ".join(t.doc.split()) or "—"
+            notes = list(t.markers)
+            if t.cases:
+                notes.insert(0, f"{t.cases} cases")
+            if notes:
+                what += f" *({'; '.join(notes)})*"
+            rows.append(f"| `{t.name}` | {t.points} | {what} |")
+    if not rows:
+        raise PluginError(f"grading: no test in {pattern!r} carries @pytest.mark.points(n)")
+    files = ", ".join(f"`{p.relative_to(root).as_posix()}`" for p in paths)
+    return (
+        f"Generated from {files} when the site was built.\n\n"
+        "| Test | Points | What it checks |\n| --- | ---: | --- |\n"
+        + "\n".join(rows)
+        + f"\n| **Total** | **{total}** | |\n"
+    )
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def load_lessons():
+    """The lesson registry, imported fresh so that `mkdocs serve` sees edits."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    try:
+        module = importlib.import_module("course.lessons")
+    except ImportError as exc:
+        raise PluginError(f"lesson registry course.lessons cannot be imported: {exc}") from exc
+    return importlib.reload(module).LESSONS
+
+
+def lesson_page(lesson) -> Path:
+    return ROOT / "docs" / "lessons" / f"{lesson.slug}.md"
+
+
+def run_commands(lesson) -> list[str]:
+    script = f"solutions/{lesson.slug}/{lesson.script}"
+    direct = {
+        "python": f"python {script}",
+        "spawn": f"python {script}",
+        "torchrun": f"torchrun --standalone --nproc-per-node=2 {script}",
+    }.get(lesson.launcher, f"python {script}")
+    return [f"python -m course run {lesson.number}", direct]
+
+
+def render_lesson_card(number: str) -> str:
+    lessons = {lesson.number: lesson for lesson in load_lessons()}
+    if number not in lessons:
+        raise PluginError(f"lesson-card: lesson {number!r} is not in course.lessons.LESSONS")
+    lesson = lessons[number]
+    starter = f"lessons/{lesson.slug}/{lesson.script}"
+    solution = f"solutions/{lesson.slug}/{lesson.script}"
+    for rel in (starter, solution):
+        if not (ROOT / rel).is_file():
+            raise PluginError(f"lesson-card {number}: missing {rel}")
+    return (
+        "| | |\n| --- | --- |\n"
+        f"| Level | {lesson.level} |\n"
+        f"| Starter (you edit this) | `{starter}` |\n"
+        f"| Reference solution | `{solution}` |\n"
+        f"| Launcher | `{lesson.launcher}` |\n"
+        f"| Run it | `{run_commands(lesson)[0]}` |\n"
+        f"| Grade it | `python -m course grade {number}` |\n\n"
+        f"{lesson.summary}\n"
+    )
+
+
+def render_lessons_table(page_dir: str) -> str:
+    rows = []
+    for lesson in load_lessons():
+        title = lesson.title
+        if lesson_page(lesson).is_file():
+            rel = f"lessons/{lesson.slug}.md"
+            if page_dir == "lessons":
+                rel = f"{lesson.slug}.md"
+            title = f"[{title}]({rel})"
+        else:
+            title += " *(coming soon)*"
+        rows.append(f"| {lesson.number} | {title} | {lesson.level} | {lesson.summary} |")
+    return "| # | Lesson | Level | What you learn |\n| --- | --- | --- | --- |\n" + "\n".join(
+        rows
+    )
+
+
+# --------------------------------------------------------------------------- mkdocs events
+
+
+def expand(markdown: str, src_uri: str) -> str:
+    page_dir = src_uri.rsplit("/", 1)[0] if "/" in src_uri else ""
+
+    def replace(m: re.Match) -> str:
+        name, args = m.group("name"), m.group("args").split()
+        try:
+            if name == "diff" and len(args) == 2:
+                return render_diff(*args)
+            if name == "grading" and len(args) == 1:
+                return render_grading(args[0])
+            if name == "lesson-card" and len(args) == 1:
+                return render_lesson_card(args[0])
+            if name == "lessons-table" and not args:
+                return render_lessons_table(page_dir)
+        except PluginError as exc:
+            raise PluginError(f"{src_uri}: {exc}") from exc
+        if name in {"diff", "grading", "lesson-card", "lessons-table"}:
+            raise PluginError(f"{src_uri}: malformed directive {m.group(0)!r}")
+        return m.group(0)
+
+    return DIRECTIVE.sub(replace, markdown)
+
+
+def on_files(files, config):
+    files.append(
+        File.generated(config, MERMAID_DEST, abs_src_path=str(find_mermaid_js()))
+    )
+    return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    return expand(markdown, page.file.src_uri)

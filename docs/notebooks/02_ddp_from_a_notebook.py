@@ -1,0 +1,5 @@
+# %% [markdown]
+# # Devices
+# %%
+import torch
+print(torch.__version__)
