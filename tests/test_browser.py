@@ -1,0 +1,230 @@
+"""The built site works in a real browser with the network cut off.
+
+Headless Chromium (Debian's package, driven by playwright without downloading
+a browser) loads the site from a loopback HTTP server. Every request to any
+other host is aborted and recorded, and each test asserts that none was made,
+so passing proves that tabs, diagrams and search need no network.
+Screenshots go to $COURSE_ARTIFACTS (or the test's tmp dir) for a human to look at.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import importlib.util
+import os
+import re
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+CHROMIUM = Path(os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium"))
+LAUNCH_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+TIMEOUT_MS = 20_000
+
+# Material draws each diagram into a *closed* shadow root; open it so the test
+# can look inside. This changes nothing else about the page.
+OPEN_SHADOW_ROOTS = """
+const attach = Element.prototype.attachShadow;
+Element.prototype.attachShadow = function (init) {
+  return attach.call(this, Object.assign({}, init, { mode: "open" }));
+};
+"""
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
+)
+if not CHROMIUM.is_file():
+    pytest.skip(
+        f"no Chromium at {CHROMIUM} (apt-get install chromium, or set COURSE_CHROMIUM)",
+        allow_module_level=True,
+    )
+
+
+def _sitebuild():
+    name = "course_tests_sitebuild"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_sitebuild.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+sitebuild = _sitebuild()
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - signature fixed by the base class
+        pass
+
+
+@pytest.fixture(scope="module")
+def base_url(request):
+    built = sitebuild.build_site()
+    sitebuild.report(request.config, f"site: mkdocs build --strict took {built.seconds:.1f} s")
+    handler = functools.partial(_QuietHandler, directory=str(built.path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def artifacts(request, tmp_path_factory):
+    where = os.environ.get("COURSE_ARTIFACTS")
+    path = Path(where) if where else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    sitebuild.report(request.config, f"site: screenshots in {path}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS, timeout=60_000)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class Offline:
+    """A browser context where only loopback answers; other requests are logged."""
+
+    def __init__(self, browser, scheme: str):
+        self.blocked: list[str] = []
+        self.errors: list[str] = []
+        self.context = browser.new_context(
+            viewport={"width": 1280, "height": 900}, color_scheme=scheme
+        )
+        self.context.set_default_timeout(TIMEOUT_MS)
+        self.context.route("**/*", self._route)
+        self.context.add_init_script(OPEN_SHADOW_ROOTS)
+
+    def _route(self, route):
+        url = route.request.url
+        if urlparse(url).hostname in LOOPBACK:
+            route.continue_()
+        else:
+            self.blocked.append(url)
+            route.abort("internetdisconnected")
+
+    def page(self):
+        page = self.context.new_page()
+        page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        return page
+
+    def assert_offline(self):
+        assert not self.blocked, f"the site tried to reach the network: {self.blocked}"
+        assert not self.errors, f"JavaScript errors: {self.errors}"
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture(params=["light", "dark"])
+def offline(request, browser):
+    ctx = Offline(browser, request.param)
+    ctx.scheme = request.param
+    yield ctx
+    ctx.close()
+
+
+def test_lesson_page_shows_starter_and_solution_tabs(offline, base_url, artifacts):
+    page = offline.page()
+    page.goto(base_url + "lessons/00_environment/")
+    tabs = page.locator(".tabbed-set").filter(has=page.locator("label", has_text="Starter"))
+    assert tabs.count() >= 1, "no Starter/Solution tab set on the lesson page"
+    first = tabs.first
+    starter = first.locator("label", has_text="Starter")
+    solution = first.locator("label", has_text="Solution")
+    assert starter.is_visible() and solution.is_visible()
+    code = first.locator(".tabbed-block").nth(0).locator("code")
+    assert code.is_visible() and code.inner_text().strip(), "starter tab has no code"
+    first.scroll_into_view_if_needed()
+    page.screenshot(path=str(artifacts / f"lesson-00-starter-{offline.scheme}.png"))
+    solution.click()
+    solved = first.locator(".tabbed-block").nth(1).locator("code")
+    solved.wait_for(state="visible")
+    assert solved.inner_text().strip(), "solution tab has no code"
+    # content.tabs.link: choosing "Solution" once switches every code tab set on the page.
+    chosen = page.evaluate(
+        """() => [...document.querySelectorAll('.tabbed-set')].map(set => {
+                 const input = set.querySelector(':scope > input:checked');
+                 return set.querySelector(`label[for="${input.id}"]`).textContent.trim();
+               }).filter(label => label === 'Starter' || label === 'Solution')"""
+    )
+    assert chosen and set(chosen) == {"Solution"}, f"tab sets did not follow: {chosen}"
+    page.screenshot(path=str(artifacts / f"lesson-00-solution-{offline.scheme}.png"))
+    page.screenshot(
+        path=str(artifacts / f"lesson-00-full-{offline.scheme}.png"), full_page=True
+    )
+    offline.assert_offline()
+
+
+def test_every_mermaid_diagram_becomes_an_svg(offline, base_url, artifacts):
+    page = offline.page()
+    page.goto(base_url + "architecture/")
+    expected = page.locator(".mermaid").count()
+    assert expected >= 6, f"only {expected} mermaid blocks on the architecture page"
+    # Material renders a diagram only when it comes near the viewport; scroll through.
+    height = page.evaluate("document.body.scrollHeight")
+    for y in range(0, height + 900, 600):
+        page.mouse.wheel(0, 600)
+        page.wait_for_timeout(50)
+    page.wait_for_function(
+        """n => [...document.querySelectorAll('div.mermaid')]
+                 .filter(d => d.shadowRoot && d.shadowRoot.querySelector('svg')).length >= n""",
+        arg=expected,
+    )
+    report = page.evaluate(
+        """() => [...document.querySelectorAll('div.mermaid')].map(d => {
+                 const svg = d.shadowRoot.querySelector('svg');
+                 const box = svg.getBoundingClientRect();
+                 return {w: box.width, h: box.height, text: svg.textContent};
+               })"""
+    )
+    assert len(report) == expected
+    for i, svg in enumerate(report, 1):
+        assert svg["w"] > 50 and svg["h"] > 50, f"diagram {i} is empty: {svg}"
+        assert "Syntax error" not in svg["text"], f"diagram {i} failed to parse"
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(
+        path=str(artifacts / f"architecture-{offline.scheme}.png"), full_page=True
+    )
+    offline.assert_offline()
+
+
+@pytest.mark.parametrize("offline", ["light"], indirect=True)
+def test_search_finds_a_lesson_by_a_word_from_its_text(offline, base_url, artifacts):
+    page = offline.page()
+    page.goto(base_url)
+    box = page.locator("input.md-search__input")
+    box.click()
+    # Material searches on key events, so type like a person instead of fill().
+    page.keyboard.type("oversubscribe", delay=20)
+    hit = page.locator(".md-search-result__item a[href*='lessons/00_environment']")
+    hit.first.wait_for(state="visible")
+    assert re.search(r"environment", hit.first.inner_text(), re.I)
+    page.screenshot(path=str(artifacts / "search.png"))
+    offline.assert_offline()

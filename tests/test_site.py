@@ -1,0 +1,256 @@
+"""The course site builds strictly and shows every lesson's code, diagrams and grading."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def _sitebuild():
+    name = "course_tests_sitebuild"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_sitebuild.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+sitebuild = _sitebuild()
+hook = sitebuild.load_hook()
+
+# A snippet line: optional indent, `--8<--`, a quoted path with an optional `:section`
+# or line range. A leading `;` escapes it, so such lines are documentation, not includes.
+SNIPPET = re.compile(r'^[ \t]*(?P<escape>;*)-{1,}8<-{1,}[ \t]+"(?P<target>[^"]+)"', re.M)
+SECTION = re.compile(r"--8<--\s*\[\s*(?P<kind>start|end)\s*:\s*(?P<name>[a-z][-_0-9a-z]*)\s*\]")
+
+
+@pytest.fixture(scope="session")
+def site(request):
+    built = sitebuild.build_site()
+    sitebuild.report(request.config, f"site: mkdocs build --strict took {built.seconds:.1f} s")
+    return built
+
+
+def snippet_refs() -> list[tuple[Path, str, str | None]]:
+    """(page, path, section) for every snippet include in the docs."""
+    refs = []
+    for page in sorted(DOCS.rglob("*.md")):
+        for m in SNIPPET.finditer(page.read_text(encoding="utf-8")):
+            if m.group("escape"):
+                continue
+            target = m.group("target")
+            path, _, rest = target.partition(":")
+            section = rest if rest and not rest[0].isdigit() else None
+            refs.append((page, path, section))
+    return refs
+
+
+def sections_of(path: Path) -> list[tuple[str, str]]:
+    return [
+        (m.group("kind"), m.group("name"))
+        for m in SECTION.finditer(path.read_text(encoding="utf-8"))
+    ]
+
+
+def lesson_scripts() -> list[tuple[Path, Path]]:
+    """(solution, starter) pairs of every script under solutions/."""
+    pairs = []
+    for solution in sorted((ROOT / "solutions").rglob("*.py")):
+        rel = solution.relative_to(ROOT / "solutions")
+        pairs.append((solution, ROOT / "lessons" / rel))
+    return pairs
+
+
+def test_strict_build_succeeds(site):
+    assert (site.path / "index.html").is_file()
+    assert (site.path / "lessons" / "00_environment" / "index.html").is_file()
+    assert (site.path / "architecture" / "index.html").is_file()
+    mermaid = site.path / "assets" / "vendor" / "mermaid.min.js"
+    assert mermaid.is_file() and mermaid.stat().st_size > 500_000, "mermaid was not vendored"
+    assert "WARNING" not in site.log, site.log
+
+
+def test_snippet_references_resolve():
+    refs = snippet_refs()
+    assert refs, "no page includes code with --8<--"
+    problems = []
+    for page, path, section in refs:
+        where = page.relative_to(ROOT)
+        target = ROOT / path
+        if not target.is_file():
+            problems.append(f"{where}: {path} does not exist")
+            continue
+        if section is not None:
+            found = sections_of(target)
+            if ("start", section) not in found or ("end", section) not in found:
+                problems.append(f"{where}: {path} has no section [start:{section}]…[end:{section}]")
+    assert not problems, "\n".join(problems)
+
+
+def test_starter_and_solution_declare_the_same_sections():
+    pairs = lesson_scripts()
+    assert pairs, "no lesson scripts under solutions/"
+    problems = []
+    for solution, starter in pairs:
+        if not starter.is_file():
+            problems.append(f"{solution.relative_to(ROOT)} has no starter at {starter}")
+            continue
+        sol, sta = sections_of(solution), sections_of(starter)
+        for kind, name in sol:
+            other = "end" if kind == "start" else "start"
+            if (other, name) not in sol:
+                problems.append(f"{solution.relative_to(ROOT)}: [{kind}:{name}] is unmatched")
+        if sorted(set(sol)) != sorted(set(sta)):
+            problems.append(
+                f"{solution.relative_to(ROOT)} sections {sorted({n for _, n in sol})} != "
+                f"starter's {sorted({n for _, n in sta})}"
+            )
+    assert not problems, "\n".join(problems)
+
+
+def test_every_solution_file_is_shown_on_a_page():
+    shown = {path for _, path, _ in snippet_refs()}
+    files = sorted(
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "solutions").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    )
+    assert files, "solutions/ is empty"
+    missing = [f for f in files if f not in shown]
+    assert not missing, f"solution files not included on any page: {missing}"
+
+
+def test_every_lesson_with_code_has_a_page_in_the_nav():
+    lessons = hook.load_lessons()
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    with_code = [lesson for lesson in lessons if (ROOT / "solutions" / lesson.slug).is_dir()]
+    assert with_code, "no lesson in course.lessons has a solutions/ folder"
+    for lesson in with_code:
+        assert hook.lesson_page(lesson).is_file(), f"lesson {lesson.number}: no page"
+        assert f"lessons/{lesson.slug}.md" in nav, f"lesson {lesson.number}: page not in nav"
+
+
+REQUIRED_HEADINGS = (
+    "## Goal",
+    "## Run it",
+    "## The code",
+    "## What changed since the previous lesson",
+    "## Exercises",
+    "## How it is graded",
+    "## Common errors",
+)
+
+
+@pytest.mark.parametrize("page", sorted(DOCS.glob("lessons/[0-9][0-9]_*.md")), ids=lambda p: p.stem)
+def test_lesson_page_has_every_part(page):
+    text = page.read_text(encoding="utf-8")
+    missing = [h for h in REQUIRED_HEADINGS if h not in text]
+    assert not missing, f"{page.name} lacks {missing}"
+    assert '=== "Starter"' in text and '=== "Solution"' in text, "no Starter/Solution tabs"
+    assert "<!-- grading: tests/test_" in text, "grading table is not generated from the tests"
+    assert f"<!-- lesson-card: {page.stem[:2]} -->" in text
+    if not page.stem.startswith("00"):
+        assert "<!-- diff: " in text, "no diff against the previous lesson"
+
+
+def test_grading_tables_match_the_tests(site):
+    test_files = sorted((ROOT / "tests").glob("test_[0-9][0-9]_*.py"))
+    assert test_files, "no lesson tests in tests/"
+    for test_file in test_files:
+        number = test_file.name[5:7]
+        pages = list(DOCS.glob(f"lessons/{number}_*.md"))
+        if not pages:
+            continue
+        html = (site.path / "lessons" / pages[0].stem / "index.html").read_text(encoding="utf-8")
+        graded = [t for t in hook.collect_graded_tests(test_file) if t.points is not None]
+        assert graded, f"{test_file.name} has no @pytest.mark.points test"
+        for t in graded:
+            row = re.search(rf"<code>{re.escape(t.name)}</code></td>\s*<td[^>]*>(\d+)</td>", html)
+            assert row, f"{t.name} missing from the grading table of {pages[0].name}"
+            assert int(row.group(1)) == t.points
+
+
+def test_grading_parser_reads_points_docstrings_and_cases(tmp_path):
+    sample = tmp_path / "test_99_sample.py"
+    sample.write_text(
+        "import pytest\n\n"
+        "@pytest.mark.points(3)\n"
+        "def test_a():\n"
+        '    """Checks A.\n\n    Details that stay out of the table."""\n\n'
+        "@pytest.mark.points(1)\n"
+        "@pytest.mark.parametrize('n', [1, 2, 4])\n"
+        "def test_b(n):\n    pass\n\n"
+        "def test_unscored():\n    pass\n\n"
+        "class TestGroup:\n"
+        "    pytestmark = [pytest.mark.points(2)]\n\n"
+        "    @pytest.mark.gpus(2)\n"
+        "    def test_c(self):\n        pass\n",
+        encoding="utf-8",
+    )
+    got = {t.name: t for t in hook.collect_graded_tests(sample)}
+    assert got["test_a"].points == 3 and got["test_a"].doc == "Checks A."
+    assert got["test_b"].cases == 3
+    assert got["test_unscored"].points is None
+    assert got["TestGroup::test_c"].points == 2
+    assert got["TestGroup::test_c"].markers == ["nccl variant needs 2 GPUs"]
+    table = hook.render_grading(sample.name, root=tmp_path)
+    assert "| **Total** | **6** |" in table and "test_unscored" not in table
+
+
+def test_diff_directive_renders_and_fails_clearly(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n# --8<-- [start:s]\ny = 2\n", encoding="utf-8")
+    (tmp_path / "b.py").write_text("x = 1\ny = 3\n", encoding="utf-8")
+    out = hook.render_diff("a.py", "b.py", root=tmp_path)
+    assert out.startswith("```diff") and "-y = 2\n+y = 3\n" in out
+    assert "8<" not in out, "snippet section markers leaked into the diff"
+    with pytest.raises(hook.PluginError, match="no such file 'nope.py'"):
+        hook.render_diff("a.py", "nope.py", root=tmp_path)
+    with pytest.raises(hook.PluginError, match="malformed directive"):
+        hook.expand("<!-- diff: a.py -->\n", "page.md")
+
+
+def test_every_diagram_source_is_on_a_page_and_built(site):
+    sources = sorted(p.relative_to(ROOT).as_posix() for p in (DOCS / "diagrams").glob("*.mmd"))
+    assert len(sources) >= 6
+    shown = {path for _, path, _ in snippet_refs()}
+    assert not [s for s in sources if s not in shown], "a diagram is not included on any page"
+    html = (site.path / "architecture" / "index.html").read_text(encoding="utf-8")
+    assert html.count('class="mermaid"') == len(sources)
+
+
+class _Assets(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "script" and a.get("src"):
+            self.urls.append(a["src"])
+        if tag == "link" and a.get("rel") in {"stylesheet", "preload", "modulepreload"}:
+            self.urls.append(a.get("href") or "")
+        if tag == "img" and a.get("src"):
+            self.urls.append(a["src"])
+
+
+def test_built_pages_load_nothing_from_the_network(site):
+    external = []
+    pages = list(site.path.rglob("*.html"))
+    assert pages
+    for page in pages:
+        parser = _Assets()
+        parser.feed(page.read_text(encoding="utf-8"))
+        for url in parser.urls:
+            if urlparse(url).scheme in {"http", "https"} or url.startswith("//"):
+                external.append(f"{page.relative_to(site.path)}: {url}")
+    assert not external, "pages load assets from the network:\n" + "\n".join(external)
