@@ -1,0 +1,136 @@
+"""The course's command line: python -m course {list,run,grade,doctor,release}.
+
+python -m course list                      # lessons, titles, levels
+python -m course run 00                    # run a lesson (your version in lessons/)
+python -m course run 03 --nproc 2 --backend gloo -- --max-steps 20
+python -m course grade 00 01               # grade your lessons, print the table
+python -m course grade --impl path/to/submission --grade-json results.json
+python -m course doctor                    # the reference environment report
+python -m course release [--check]         # regenerate lessons/ from solutions/
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from course import REPO_ROOT, lessons, procs, release
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line, not a usage dump: the student should see what to fix.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m course", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sub.add_parser("list", help="list the lessons")
+
+    run = sub.add_parser("run", help="run a lesson's script the way its page shows")
+    run.add_argument("lesson", help="lesson number, e.g. 03")
+    run.add_argument("--impl", default="lessons", help="lessons (default), solutions or a folder")
+    run.add_argument("--nproc", type=int, help="processes (ranks) for a distributed lesson")
+    run.add_argument("--backend", choices=("gloo", "nccl"), help="for a distributed lesson")
+    run.epilog = "Arguments after `--` are passed to the lesson's script."
+
+    grade = sub.add_parser("grade", help="grade lessons and print the points table")
+    grade.add_argument("lessons", nargs="*", help="lesson numbers (default: all)")
+    grade.add_argument("--impl", default="lessons", help="lessons (default), solutions or a folder")
+    grade.add_argument("--grade-json", metavar="PATH", help="write Gradescope-style results here")
+    grade.add_argument("-n", "--workers", type=int, default=0, help="parallel pytest workers")
+
+    sub.add_parser("doctor", help="print the environment report (lesson 00's reference)")
+
+    rel = sub.add_parser("release", help="regenerate the starters in lessons/ from solutions/")
+    rel.add_argument("--check", action="store_true", help="only report stale starters")
+    return parser
+
+
+def lesson_command(lesson, impl_dir, nproc=None, backend=None, extra=()) -> list[str]:
+    script = lesson.path(impl_dir)
+    if not script.is_file():
+        raise FileNotFoundError(f"{script}: not found")
+    if not lesson.distributed and (nproc or backend):
+        raise ValueError(f"lesson {lesson.number} runs one process; --nproc/--backend don't apply")
+    if nproc is not None and nproc < 1:
+        raise ValueError(f"--nproc must be at least 1, got {nproc}")
+    options = [*(["--backend", backend] if backend else [])]
+    if lesson.launcher == "torchrun":
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        return [*launcher, f"--nproc_per_node={nproc or 1}", str(script), *options, *extra]
+    if lesson.launcher == "spawn" and nproc:
+        options += ["--nproc", str(nproc)]
+    return [sys.executable, str(script), *options, *extra]
+
+
+def _run(args) -> int:
+    lesson = lessons.get(args.lesson)
+    impl = lessons.resolve_impl(args.impl)
+    command = lesson_command(lesson, impl, args.nproc, args.backend, args.extra)
+    print("$", " ".join(command), flush=True)
+    return subprocess.call(command, env=procs.child_env())
+
+
+def _grade(args) -> int:
+    impl = lessons.resolve_impl(args.impl)
+    chosen = [lessons.get(n) for n in args.lessons] or list(lessons.LESSONS)
+    files = []
+    for lesson in chosen:
+        found = sorted((REPO_ROOT / "tests").glob(f"test_{lesson.number}_*.py"))
+        if not found:
+            raise FileNotFoundError(f"lesson {lesson.number} has no tests in tests/")
+        files += [str(f) for f in found]
+    command = [sys.executable, "-m", "pytest", *files, f"--impl={impl}", "-p", "no:cacheprovider"]
+    command += ["-q", "--no-header", "-rN"]
+    if args.grade_json:
+        command.append(f"--grade-json={args.grade_json}")
+    command += ["-n", str(args.workers)] if args.workers else ["-p", "no:xdist"]
+    return subprocess.call(command, cwd=REPO_ROOT, env=procs.child_env())
+
+
+def _list(_args) -> int:
+    print(f"{'lesson':<8}{'title':<30}{'level':<14}{'launch':<10}folder")
+    for lesson in lessons.LESSONS:
+        print(
+            f"{lesson.number:<8}{lesson.title:<30}{lesson.level:<14}{lesson.launcher:<10}{lesson.slug}"
+        )
+    return 0
+
+
+def _doctor(_args) -> int:
+    script = lessons.get("00").path(REPO_ROOT / "solutions")
+    return subprocess.call([sys.executable, str(script)], env=procs.child_env())
+
+
+def _release(args) -> int:
+    if args.check:
+        stale = release.stale()
+        for path in stale:
+            print(f"lessons/{path} is out of date with solutions/{path}")
+        if stale:
+            print("run `python -m course release` to regenerate them")
+        return 1 if stale else 0
+    for path in release.release():
+        print(f"wrote lessons/{path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after `--` belongs to the lesson script, not to us.
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    args = _parser().parse_args(argv)
+    args.extra = extra
+    handler = {"list": _list, "run": _run, "grade": _grade, "doctor": _doctor, "release": _release}
+    try:
+        return handler[args.command](args)
+    except (lessons.UnknownLesson, FileNotFoundError, ValueError, release.ReleaseError) as err:
+        print(f"python -m course {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

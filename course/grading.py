@@ -1,0 +1,208 @@
+"""The grader: a pytest plugin (loaded with `-p course.grading`).
+
+It adds
+  --impl lessons|solutions|PATH   which implementation the lesson tests grade
+  --grade-json PATH              a results file in Gradescope's results.json shape
+and prints, at the end of the run, a table of points per lesson.
+
+Points: a test in tests/test_NN_*.py grades lesson NN and is worth
+@pytest.mark.points(n) (1 by default). A test earns its points only if every
+phase of it passed; an error in a fixture, a timeout or a crashed worker is a
+failure worth 0. Skipped tests (the nccl variants on a machine without enough
+GPUs) count neither way, and the table says how many were skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from course import lessons as registry
+from course import loader
+
+LESSON_FILE = re.compile(r"test_(\d\d)_")
+NOT_FINISHED = "did not finish: the test process crashed or was stopped"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("course", "course grader")
+    group.addoption(
+        "--impl",
+        default="solutions",
+        help="what to grade: lessons (the starters, or your work in them), solutions "
+        "(the reference, the default for the test suite) or a folder laid out like lessons/",
+    )
+    group.addoption("--grade-json", default=None, metavar="PATH", help="write results.json here")
+
+
+def pytest_configure(config):
+    try:
+        config.course_impl = registry.resolve_impl(config.getoption("impl"))
+    except FileNotFoundError as err:
+        raise pytest.UsageError(str(err)) from None
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: the controller keeps the grade
+    config.pluginmanager.register(GradeBook(config), "course-gradebook")
+
+
+def load_lesson(impl, lesson: registry.Lesson, requires=()):
+    """Import a lesson's script for a test, or fail the test with one line saying why."""
+    try:
+        return loader.load(lesson.path(impl), requires=tuple(requires))
+    except loader.LessonError as err:
+        pytest.fail(str(err), pytrace=False)
+
+
+def lesson_of(path: Path) -> str | None:
+    match = LESSON_FILE.match(Path(path).name)
+    return match.group(1) if match else None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        lesson = lesson_of(item.path)
+        marker = item.get_closest_marker("points")
+        if lesson is None and marker is None:
+            continue
+        points = float(marker.args[0]) if marker else 1.0
+        # user_properties travel with the reports from xdist workers.
+        item.user_properties.append(("course_lesson", lesson or "--"))
+        item.user_properties.append(("course_points", points))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    # An unsolved TODO is not a bug to debug: say which TODO in one line.
+    if call.excinfo is not None and call.excinfo.errisinstance(NotImplementedError):
+        report.longrepr = f"NotImplementedError: {call.excinfo.value}"
+
+
+class GradeBook:
+    def __init__(self, config):
+        self.config = config
+        self.impl = config.course_impl
+        self.path = config.getoption("grade_json")
+        self.started = time.time()
+        self.tests: dict[str, dict] = {}
+        if self.path:
+            self.write()
+
+    # --- collecting results -------------------------------------------------
+    def pytest_runtest_logstart(self, nodeid, location):
+        # Recorded as failed until its reports say otherwise, so a crash or a
+        # killed run leaves a 0 in the file, never a pass.
+        self.tests.setdefault(
+            nodeid,
+            {"name": nodeid, "status": "failed", "output": NOT_FINISHED, "phases": {}},
+        )
+
+    def pytest_runtest_logreport(self, report):
+        props = dict(report.user_properties)
+        if "course_points" not in props:
+            self.tests.pop(report.nodeid, None)
+            return
+        entry = self.tests.setdefault(report.nodeid, {"name": report.nodeid, "phases": {}})
+        entry["lesson"] = props["course_lesson"]
+        entry["max_score"] = props["course_points"]
+        entry["phases"][report.when] = report.outcome
+        if report.failed:
+            entry["output"] = report.longreprtext[-4000:]
+        phases = entry["phases"]
+        if "failed" in phases.values():
+            entry["status"] = "failed"
+        elif phases.get("setup") == "skipped" or phases.get("call") == "skipped":
+            entry["status"] = "skipped"
+            entry["output"] = _skip_reason(report) or entry.get("output", "")
+        elif phases.get("call") == "passed":
+            entry["status"] = "passed"
+            entry["output"] = ""
+        if report.when == "teardown" and self.path:
+            self.write()
+
+    # --- reporting ----------------------------------------------------------
+    def graded(self):
+        return [t for t in self.tests.values() if "max_score" in t]
+
+    def rows(self):
+        by_lesson: dict[str, dict] = {}
+        for test in self.graded():
+            row = by_lesson.setdefault(
+                test["lesson"],
+                {"earned": 0.0, "possible": 0.0, "passed": 0, "failed": 0, "skipped": 0},
+            )
+            row[test["status"]] += 1
+            if test["status"] != "skipped":
+                row["possible"] += test["max_score"]
+                row["earned"] += test["max_score"] if test["status"] == "passed" else 0.0
+        return dict(sorted(by_lesson.items()))
+
+    def write(self):
+        tests = []
+        for test in self.graded():
+            score = test["max_score"] if test["status"] == "passed" else 0.0
+            tests.append(
+                {
+                    "name": test["name"],
+                    "number": test["lesson"],
+                    "score": score,
+                    "max_score": 0.0 if test["status"] == "skipped" else test["max_score"],
+                    "status": test["status"],
+                    "output": test.get("output", ""),
+                }
+            )
+        rows = self.rows()
+        results = {
+            "score": sum(r["earned"] for r in rows.values()),
+            "max_score": sum(r["possible"] for r in rows.values()),
+            "execution_time": round(time.time() - self.started, 2),
+            "impl": str(self.impl),
+            "tests": tests,
+        }
+        path = Path(self.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(results, indent=2))
+        os.replace(tmp, path)  # readers never see a half-written file
+
+    def pytest_sessionfinish(self, session):
+        if self.path:
+            self.write()
+
+    def pytest_terminal_summary(self, terminalreporter):
+        rows = self.rows()
+        if not rows:
+            return
+        tr = terminalreporter
+        tr.section(f"grade of {self.impl}")
+        titles = {lesson.number: lesson.title for lesson in registry.LESSONS}
+        tr.write_line(
+            f"{'lesson':<8}{'title':<28}{'points':>12}{'passed':>8}{'failed':>8}{'skipped':>9}"
+        )
+        for number, r in rows.items():
+            points = f"{_fmt(r['earned'])}/{_fmt(r['possible'])}"
+            tr.write_line(
+                f"{number:<8}{titles.get(number, '?')[:27]:<28}{points:>12}"
+                f"{r['passed']:>8}{r['failed']:>8}{r['skipped']:>9}"
+            )
+        earned = sum(r["earned"] for r in rows.values())
+        possible = sum(r["possible"] for r in rows.values())
+        tr.write_line(f"{'total':<36}{_fmt(earned) + '/' + _fmt(possible):>12}")
+        if self.path:
+            tr.write_line(f"results written to {self.path}")
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def _skip_reason(report) -> str:
+    if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+        return str(report.longrepr[2])
+    return ""

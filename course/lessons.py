@@ -1,0 +1,72 @@
+"""The lesson registry: one entry per lesson folder, in course order.
+
+The CLI, the grader's table and the site read titles and launch styles from
+here, so a lesson is declared once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from course import REPO_ROOT
+
+# How a lesson's script is started:
+#   python    - a plain script, one process
+#   spawn     - one script that starts its own ranks with mp.spawn (--nproc, --backend)
+#   torchrun  - started by torchrun, which starts the ranks (--nproc_per_node)
+LAUNCHERS = ("python", "spawn", "torchrun")
+
+
+@dataclass(frozen=True)
+class Lesson:
+    number: str
+    slug: str
+    title: str
+    level: str
+    script: str
+    launcher: str
+    summary: str
+
+    @property
+    def distributed(self) -> bool:
+        return self.launcher != "python"
+
+    def path(self, impl_dir: Path) -> Path:
+        return Path(impl_dir) / self.slug / self.script
+
+
+LESSONS: tuple[Lesson, ...] = (
+    Lesson(
+        number="00",
+        slug="00_environment",
+        title="Environment check",
+        level="foundations",
+        script="env_check.py",
+        launcher="python",
+        summary="How many GPUs does this machine see, and which backend should each rank use?",
+    ),
+)
+
+
+class UnknownLesson(LookupError):
+    pass
+
+
+def get(number: str | int) -> Lesson:
+    key = f"{int(number):02d}" if str(number).isdigit() else str(number)
+    for lesson in LESSONS:
+        if key in (lesson.number, lesson.slug):
+            return lesson
+    known = ", ".join(lesson.number for lesson in LESSONS)
+    raise UnknownLesson(f"no lesson {number!r}; the lessons are {known} (python -m course list)")
+
+
+def resolve_impl(impl: str | Path) -> Path:
+    """Map --impl (lessons, solutions or a folder shaped like lessons/) to a folder."""
+    if str(impl) in ("lessons", "solutions"):
+        return REPO_ROOT / str(impl)
+    path = Path(impl).expanduser().resolve()
+    if not path.is_dir():
+        raise FileNotFoundError(f"--impl {impl}: no such folder")
+    return path

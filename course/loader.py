@@ -1,0 +1,43 @@
+"""Import a lesson file from any submission folder, turning every way it can
+be broken into one line that says what is wrong."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+
+
+class LessonError(Exception):
+    """A submission that cannot be graded; the message is one line for the student."""
+
+
+def load(path: Path, *, requires: tuple[str, ...] = ()) -> ModuleType:
+    path = Path(path)
+    if not path.is_file():
+        raise LessonError(f"{path}: file not found (the grader expects the layout of lessons/)")
+    name = f"course_lesson_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    # The lesson's own folder first, as when the script is run directly.
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as err:
+        raise LessonError(
+            f"{path}:{err.lineno}: syntax error: {err.msg}; fix it, then run `python {path}`"
+        ) from None
+    except BaseException as err:  # noqa: BLE001 - any failure at import is the submission's
+        frame = traceback.extract_tb(err.__traceback__)[-1]
+        raise LessonError(
+            f"{path}: importing it raised {type(err).__name__}: {err} "
+            f"({Path(frame.filename).name}:{frame.lineno})"
+        ) from None
+    finally:
+        sys.path.remove(str(path.parent))
+    missing = [attr for attr in requires if not callable(getattr(module, attr, None))]
+    if missing:
+        raise LessonError(f"{path}: missing function(s) {', '.join(missing)} (were they renamed?)")
+    return module

@@ -1,0 +1,169 @@
+"""Run a command the way the grader does: in its own session, under a
+deadline, with every process it started killed afterwards.
+
+Distributed code fails by hanging more often than by crashing: one rank waits
+in a collective that another rank never reaches. So every launch here has a
+deadline, and on timeout the whole process group (the launcher, its ranks and
+their DataLoader workers) is killed, and the last lines of each rank's log are
+kept for the error message.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from course import REPO_ROOT
+
+# Each rank writes its output to <dir>/rank<N>.log when this is set (see
+# course.dist.redirect_output_for_rank), so a hang can be blamed on a rank.
+RANK_LOG_ENV = "COURSE_RANK_LOG_DIR"
+
+# One thread per rank: several ranks on two cores otherwise fight over them.
+QUIET_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+# NVLink multicast (NVLS) can take a shared GPU host down; keep it off in
+# every process we start, whatever the caller's environment says.
+SAFE_GPU_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def timeout_scale() -> float:
+    """Slow machines can stretch every deadline with COURSE_TIMEOUT_SCALE=2."""
+    try:
+        return max(float(os.environ.get("COURSE_TIMEOUT_SCALE", "1")), 0.1)
+    except ValueError:
+        return 1.0
+
+
+@dataclass
+class RunResult:
+    args: list[str]
+    returncode: int | None
+    output: str
+    timed_out: bool
+    seconds: float
+    timeout: float
+    pgid: int
+    rank_logs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def describe(self, lines: int = 12) -> str:
+        """A short account of what happened, for a failing test's message."""
+        command = " ".join(Path(a).name if os.sep in a else a for a in self.args)
+        if self.timed_out:
+            head = f"`{command}` did not finish within {self.timeout:.0f} s and was killed"
+        else:
+            head = f"`{command}` exited with code {self.returncode} after {self.seconds:.1f} s"
+        parts = [head]
+        for name, text in [("output", self.output), *sorted(self.rank_logs.items())]:
+            tail = [line for line in text.rstrip().splitlines() if line.strip()][-lines:]
+            if tail:
+                parts.append(f"--- last lines of {name} ---")
+                parts.extend(tail)
+        return "\n".join(parts)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_group(pgid: int, grace: float = 3.0) -> None:
+    """SIGTERM the group, give it `grace` seconds to exit, then SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if not group_alive(pgid):
+                return
+            time.sleep(0.05)
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **QUIET_ENV, **(extra or {}), **SAFE_GPU_ENV}
+    # The lesson scripts import `course`; make that work for a student folder
+    # anywhere on disk and on machines where the package is not pip-installed.
+    paths = [str(REPO_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+def run(
+    args: list[str],
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+    log_dir: str | Path | None = None,
+) -> RunResult:
+    """Run `args` to completion or until `timeout` seconds pass (scaled by
+    COURSE_TIMEOUT_SCALE), then make sure nothing it started is still alive."""
+    timeout = timeout * timeout_scale()
+    extra = dict(env or {})
+    if log_dir is not None:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        extra[RANK_LOG_ENV] = str(log_dir)
+    start = time.monotonic()
+    # A file, not a pipe: a chatty child can never block on a full pipe buffer.
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(
+            [str(a) for a in args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env=child_env(extra),
+            start_new_session=True,
+        )
+        pgid = proc.pid
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            # Also on success: a rank or worker that outlived its launcher is an orphan.
+            kill_group(pgid)
+            proc.wait()
+        out.seek(0)
+        output = out.read().decode(errors="replace")
+    logs = {}
+    if log_dir is not None:
+        for path in sorted(Path(log_dir).glob("*.log")):
+            logs[path.stem] = path.read_text(errors="replace")
+    return RunResult(
+        args=[str(a) for a in args],
+        returncode=None if timed_out else proc.returncode,
+        output=output,
+        timed_out=timed_out,
+        seconds=time.monotonic() - start,
+        timeout=timeout,
+        pgid=pgid,
+        rank_logs=logs,
+    )
+
+
+def python(*args: str | Path, **kwargs) -> RunResult:
+    """`run` with this interpreter."""
+    return run([sys.executable, *map(str, args)], **kwargs)

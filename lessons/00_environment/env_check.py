@@ -1,0 +1,164 @@
+"""Lesson 00 - environment check: what can this machine train with?
+
+    python lessons/00_environment/env_check.py            # run your version
+    python lessons/00_environment/env_check.py --smoke 2  # + a 2-process all-reduce
+    python -m course grade 00                             # grade your version
+    python -m course doctor                               # the reference report
+
+In the course container with GPUs: `docker compose run --rm course python -m course doctor`.
+
+Before writing any multi-GPU code, answer four questions: which PyTorch is
+this, how many GPUs does this process see, which communication libraries did
+this build ship with, and so which backend and which device should each rank
+use? Every later lesson calls `pick_backend` and `device_for` the way you
+write them here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from course.dist import free_port, process_group_timeout, redirect_output_for_rank
+
+
+# --8<-- [start:device_count]
+def cuda_device_count() -> int:
+    """How many CUDA GPUs this process can use (0 when CUDA is unusable)."""
+    # TODO: return the number of visible CUDA devices, but 0 whenever
+    # torch.cuda.is_available() is False: a build can see a device it cannot
+    # use (no driver, a driver too old for the build, CUDA_VISIBLE_DEVICES="").
+    # Hint: call torch.cuda.is_available() and torch.cuda.device_count()
+    # through `torch.cuda`, so the grader can simulate a GPU machine.
+    raise NotImplementedError("TODO at 00_environment/env_check.py:37 is not done yet")
+
+
+# --8<-- [end:device_count]
+
+
+# --8<-- [start:libraries]
+def library_report() -> dict:
+    """Versions and availability of the libraries distributed training needs."""
+    cuda_ok = cuda_device_count() > 0
+    # TODO: fill in the values. Versions are None when the library is absent.
+    #   cudnn_available:  torch.backends.cudnn.is_available()
+    #   cudnn_version:    torch.backends.cudnn.version() if available
+    #   nccl_available:   dist.is_available() and dist.is_nccl_available()
+    #   nccl_version:     ".".join of torch.cuda.nccl.version() when NCCL is
+    #                     available and CUDA usable (the call needs a CUDA build)
+    #   gloo_available:   dist.is_available() and dist.is_gloo_available()
+    raise NotImplementedError("TODO at 00_environment/env_check.py:54 is not done yet")
+    return {
+        "torch_version": torch.__version__,
+        "cuda_build": torch.version.cuda,  # the CUDA version torch was built for, or None
+        "cuda_usable": cuda_ok,
+        "gpu_count": cuda_device_count(),
+        **report,
+    }
+
+
+# --8<-- [end:libraries]
+
+
+# --8<-- [start:backend]
+def pick_backend() -> str:
+    """The process-group backend to use here: "nccl" or "gloo"."""
+    # TODO: "nccl" when at least one CUDA GPU is usable AND this build has
+    # NCCL (dist.is_nccl_available()); otherwise "gloo", which runs on CPUs
+    # everywhere. NCCL only moves CUDA tensors, so it is useless without GPUs.
+    raise NotImplementedError("TODO at 00_environment/env_check.py:73 is not done yet")
+
+
+def device_for(local_rank: int) -> torch.device:
+    """The device a process with this local rank should train on."""
+    # TODO: one GPU per process: cuda:<local_rank> when GPUs are usable, and
+    # the CPU otherwise (several CPU ranks can share it). Raise ValueError
+    # with a clear message for a negative local rank, or for a local rank with
+    # no GPU of its own (local_rank >= the GPU count): two ranks on one GPU is
+    # a silent slowdown at best and an NCCL error at worst.
+    raise NotImplementedError("TODO at 00_environment/env_check.py:83 is not done yet")
+
+
+# --8<-- [end:backend]
+
+
+# --8<-- [start:smoke]
+def _smoke_worker(rank: int, world_size: int, port: int, backend: str) -> None:
+    # A preview of lesson 03: every rank contributes rank+1, and an all-reduce
+    # must hand every rank the same sum. If this works, the backend can talk.
+    redirect_output_for_rank(rank)
+    device = device_for(rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before init: NCCL binds to the current device
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=process_group_timeout(),
+    )
+    try:
+        value = torch.tensor([float(rank + 1)], device=device)
+        dist.all_reduce(value)
+        expected = world_size * (world_size + 1) / 2
+        if value.item() != expected:
+            raise RuntimeError(f"rank {rank}: all-reduce gave {value.item()}, expected {expected}")
+        print(
+            f"rank {rank}/{world_size} on {device}: all-reduce sum {value.item():g} ok", flush=True
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def smoke_test(world_size: int, backend: str) -> None:
+    """Start `world_size` local processes and all-reduce one number across them."""
+    mp.spawn(_smoke_worker, args=(world_size, free_port(), backend), nprocs=world_size)
+
+
+# --8<-- [end:smoke]
+
+
+def print_report(report: dict, backend: str, device: torch.device) -> None:
+    yes = {True: "yes", False: "no"}
+    print("Environment check")
+    print(f"  PyTorch            {report['torch_version']}")
+    print(f"  built for CUDA     {report['cuda_build'] or 'no (CPU-only build)'}")
+    print(f"  CUDA usable        {yes[report['cuda_usable']]}")
+    for index in range(report["gpu_count"]):
+        props = torch.cuda.get_device_properties(index)
+        print(f"    cuda:{index}  {props.name}, {props.total_memory / 2**30:.0f} GiB")
+    print(f"  cuDNN              {yes[report['cudnn_available']]} {report['cudnn_version'] or '-'}")
+    print(f"  NCCL               {yes[report['nccl_available']]} {report['nccl_version'] or '-'}")
+    print(f"  gloo               {yes[report['gloo_available']]}")
+    print(f"  backend to use     {backend}")
+    print(f"  device for rank 0  {device}")
+    print(f"How many GPUs does this process see? {report['gpu_count']}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--smoke", type=int, default=0, metavar="N", help="also all-reduce across N processes"
+    )
+    parser.add_argument("--backend", choices=("gloo", "nccl"), help="backend for --smoke")
+    args = parser.parse_args(argv)
+    report = library_report()
+    backend = args.backend or pick_backend()
+    if args.json:
+        print(json.dumps({**report, "backend": backend, "device": str(device_for(0))}))
+    else:
+        print_report(report, backend, device_for(0))
+    if args.smoke:
+        if backend == "nccl" and args.smoke > report["gpu_count"]:
+            parser.error(f"--smoke {args.smoke} with nccl needs {args.smoke} GPUs")
+        smoke_test(args.smoke, backend)
+        print(f"smoke test passed: {args.smoke} processes, backend {backend}")
+
+
+if __name__ == "__main__":
+    main()
