@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 import sys
+from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import urlparse
@@ -164,20 +166,39 @@ def test_lesson_page_has_every_part(page):
 
 
 def test_grading_tables_match_the_tests(site):
+    """Each lesson page's table lists every test with the cases pytest really collects."""
     test_files = sorted((ROOT / "tests").glob("test_[0-9][0-9]_*.py"))
     assert test_files, "no lesson tests in tests/"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", *map(str, test_files)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    collected = Counter(
+        line.split("::", 1)[1].split("[", 1)[0]
+        for line in proc.stdout.splitlines()
+        if line.startswith("tests/test_") and "::" in line
+    )
     for test_file in test_files:
-        number = test_file.name[5:7]
-        pages = list(DOCS.glob(f"lessons/{number}_*.md"))
+        pages = list(DOCS.glob(f"lessons/{test_file.name[5:7]}_*.md"))
         if not pages:
             continue
         html = (site.path / "lessons" / pages[0].stem / "index.html").read_text(encoding="utf-8")
-        graded = [t for t in hook.collect_graded_tests(test_file) if t.points is not None]
-        assert graded, f"{test_file.name} has no @pytest.mark.points test"
-        for t in graded:
-            row = re.search(rf"<code>{re.escape(t.name)}</code></td>\s*<td[^>]*>(\d+)</td>", html)
+        for t in hook.collect_graded_tests(test_file):
+            assert t.total_cases == collected[t.name], (
+                f"{t.name}: the table says {t.total_cases} cases, pytest collects "
+                f"{collected[t.name]}"
+            )
+            row = re.search(
+                rf"<code>{re.escape(t.name)}</code></td>\s*<td[^>]*>([\d.]+)</td>"
+                rf"\s*<td[^>]*>(\d+)</td>",
+                html,
+            )
             assert row, f"{t.name} missing from the grading table of {pages[0].name}"
-            assert int(row.group(1)) == t.points
+            assert float(row.group(1)) == t.worth and int(row.group(2)) == t.total_cases
 
 
 def test_grading_parser_reads_points_docstrings_and_cases(tmp_path):
@@ -194,17 +215,20 @@ def test_grading_parser_reads_points_docstrings_and_cases(tmp_path):
         "class TestGroup:\n"
         "    pytestmark = [pytest.mark.points(2)]\n\n"
         "    @pytest.mark.gpus(2)\n"
-        "    def test_c(self):\n        pass\n",
+        "    def test_c(self):\n        pass\n\n"
+        "def test_d(backend):\n    pass\n",
         encoding="utf-8",
     )
     got = {t.name: t for t in hook.collect_graded_tests(sample)}
     assert got["test_a"].points == 3 and got["test_a"].doc == "Checks A."
-    assert got["test_b"].cases == 3
-    assert got["test_unscored"].points is None
-    assert got["TestGroup::test_c"].points == 2
-    assert got["TestGroup::test_c"].markers == ["nccl variant needs 2 GPUs"]
+    assert got["test_b"].cases == 3 and got["test_b"].total_cases == 3
+    assert got["test_unscored"].points is None and got["test_unscored"].worth == 1
+    assert got["TestGroup::test_c"].points == 2 and got["TestGroup::test_c"].gpus == 2
+    assert got["test_d"].backend and got["test_d"].total_cases == 2
     table = hook.render_grading(sample.name, root=tmp_path)
-    assert "| **Total** | **6** |" in table and "test_unscored" not in table
+    # 3 + 1*3 + 1 + 2 (GPU only) + 1*2 (gloo and nccl) = 11; without GPUs 3 + 3 + 1 + 1 = 8
+    assert "| **Total** | | | **11** | | **8** of them" in table, table
+    assert "| `test_unscored` | 1 | 1 | 1 | CPU | Unscored. |" in table
 
 
 def test_diff_directive_renders_and_fails_clearly(tmp_path):

@@ -81,6 +81,10 @@ def render_diff(old: str, new: str, root: Path = ROOT) -> str:
 
 
 # --------------------------------------------------------------------------- grading
+# Mirrors course/grading.py: a test in tests/test_NN_*.py is worth
+# @pytest.mark.points(n), 1 when unmarked, for each case pytest generates from it;
+# a test taking the `backend` fixture runs twice (gloo on CPU, nccl on GPUs), and
+# a skipped case (an nccl run without enough GPUs) counts neither way.
 
 
 @dataclass
@@ -88,8 +92,18 @@ class GradedTest:
     name: str
     points: int | None
     doc: str
-    cases: int | None = None
+    cases: int = 1
+    backend: bool = False
+    gpus: int | None = None
     markers: list[str] = field(default_factory=list)
+
+    @property
+    def worth(self) -> float:
+        return 1 if self.points is None else self.points
+
+    @property
+    def total_cases(self) -> int:
+        return self.cases * (2 if self.backend else 1)
 
 
 def _marker(node: ast.expr) -> tuple[str, list[ast.expr]] | None:
@@ -126,14 +140,20 @@ def _pytestmark(body: list[ast.stmt]) -> list[ast.expr]:
 def _apply(test: GradedTest, markers: list[tuple[str, list[ast.expr]]]) -> None:
     for name, args in markers:
         if name == "points" and args and isinstance(args[0], ast.Constant):
-            test.points = int(args[0].value)
+            test.points = args[0].value
         elif name == "parametrize" and len(args) >= 2:
             if isinstance(args[1], ast.List | ast.Tuple):
-                test.cases = (test.cases or 1) * len(args[1].elts)
+                test.cases *= len(args[1].elts)
         elif name == "gpus" and args and isinstance(args[0], ast.Constant):
-            test.markers.append(f"nccl variant needs {args[0].value} GPUs")
-        elif name in {"core", "slow"}:
+            test.gpus = int(args[0].value)
+        elif name not in {"points", "parametrize", "gpus", "timeout"}:
             test.markers.append(name)
+
+
+def _describe(name: str) -> str:
+    """A readable fallback for a test without a docstring: its name as a sentence."""
+    words = name.split("::")[-1].removeprefix("test_").replace("_", " ")
+    return words[:1].upper() + words[1:] + "."
 
 
 def collect_graded_tests(path: Path) -> list[GradedTest]:
@@ -146,6 +166,7 @@ def collect_graded_tests(path: Path) -> list[GradedTest]:
         doc = ast.get_docstring(fn) or ""
         test = GradedTest(name=prefix + fn.name, points=None, doc=doc.strip().split("\n\n")[0])
         _apply(test, inherited + _markers(fn.decorator_list))
+        test.backend = any(a.arg == "backend" for a in fn.args.args)
         tests.append(test)
 
     for node in tree.body:
@@ -154,8 +175,8 @@ def collect_graded_tests(path: Path) -> list[GradedTest]:
         ):
             add(node, module_marks)
         elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
-            inherited = module_marks + _markers(node.decorator_list) + _markers(
-                _pytestmark(node.body)
+            inherited = (
+                module_marks + _markers(node.decorator_list) + _markers(_pytestmark(node.body))
             )
             for item in node.body:
                 if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and (
@@ -165,32 +186,52 @@ def collect_graded_tests(path: Path) -> list[GradedTest]:
     return tests
 
 
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def _runs_on(t: GradedTest) -> str:
+    if t.backend:
+        return f"CPU (gloo) and {t.gpus or 2} GPUs (nccl)"
+    if t.gpus:
+        return f"{t.gpus} GPU{'s' if t.gpus > 1 else ''} only"
+    return "CPU"
+
+
 def render_grading(pattern: str, root: Path = ROOT) -> str:
     paths = sorted(Path(p) for p in glob.glob(str(root / pattern)))
     if not paths:
         raise PluginError(f"grading: no test file matches {pattern!r}")
-    rows, total = [], 0
+    rows, cpu_total, total = [], 0.0, 0.0
     for path in paths:
-        rel = path.relative_to(root).as_posix()
         for t in collect_graded_tests(path):
-            if t.points is None:
-                continue
-            total += t.points
-            what = " ".join(t.doc.split()) or "—"
-            notes = list(t.markers)
-            if t.cases:
-                notes.insert(0, f"{t.cases} cases")
-            if notes:
-                what += f" *({'; '.join(notes)})*"
-            rows.append(f"| `{t.name}` | {t.points} | {what} |")
+            what = " ".join(t.doc.split()) or _describe(t.name)
+            if "core" in t.markers:
+                what += " *(core)*"
+            max_points = t.worth * t.total_cases
+            total += max_points
+            if t.backend:
+                cpu_total += t.worth * t.cases
+            elif not t.gpus:
+                cpu_total += max_points
+            rows.append(
+                f"| `{t.name}` | {_fmt(t.worth)} | {t.total_cases} | {_fmt(max_points)} "
+                f"| {_runs_on(t)} | {what} |"
+            )
     if not rows:
-        raise PluginError(f"grading: no test in {pattern!r} carries @pytest.mark.points(n)")
+        raise PluginError(f"grading: {pattern!r} has no test functions")
     files = ", ".join(f"`{p.relative_to(root).as_posix()}`" for p in paths)
     return (
-        f"Generated from {files} when the site was built.\n\n"
-        "| Test | Points | What it checks |\n| --- | ---: | --- |\n"
+        f"Generated from {files} when this page was built.\n\n"
+        "| Test | Points per case | Cases | Max | Runs on | What it checks |\n"
+        "| --- | ---: | ---: | ---: | --- | --- |\n"
         + "\n".join(rows)
-        + f"\n| **Total** | **{total}** | |\n"
+        + f"\n| **Total** | | | **{_fmt(total)}** | | **{_fmt(cpu_total)}** of them on a CPU-only "
+        "machine |\n\n"
+        "Each case of a test (one per parameter, and per backend for distributed tests) earns "
+        "its points only if it passes. Cases that need GPUs the machine lacks are skipped and "
+        "count neither way, so a laptop grades out of the CPU total. Tests marked *core* are "
+        "the ones every unsolved starter must fail.\n"
     )
 
 
