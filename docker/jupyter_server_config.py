@@ -14,7 +14,7 @@ c = get_config()  # noqa: F821  (provided by Jupyter when it loads this file)
 # entrypoint but with this file.
 token = os.environ.get("JUPYTER_TOKEN", "")
 if not token.strip():
-    raise SystemExit("jupyter_server_config: JUPYTER_TOKEN is empty; refusing to start without auth")
+    raise SystemExit("jupyter_server_config: JUPYTER_TOKEN is empty; refusing to run without auth")
 c.IdentityProvider.token = token
 
 c.ServerApp.open_browser = False
