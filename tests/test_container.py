@@ -195,6 +195,22 @@ def test_dockerfile_runs_as_an_unprivileged_user():
     assert users[-1].split(":")[0] not in {"root", "0"}, f"final USER is {users[-1]}"
 
 
+def test_dockerfile_apt_is_slim_and_bakes_in_no_host_keys():
+    runs = [args for keyword, args in dockerfile_instructions() if keyword == "RUN"]
+    installs = [run for run in runs if "apt-get install" in run]
+    assert installs, "no apt-get install (openssh-server is needed)"
+    for run in installs:
+        # hadolint only reports a missing --no-install-recommends as info.
+        assert "--no-install-recommends" in run, run
+        assert "rm -rf /var/lib/apt/lists/*" in run, run
+        # The package generates host keys while it installs; shipping them
+        # would give every container of the image the same identity.
+        if "openssh-server" in run:
+            assert "rm -f /etc/ssh/ssh_host_*" in run, run
+    keywords = {keyword for keyword, _ in dockerfile_instructions()}
+    assert {"HEALTHCHECK", "ENTRYPOINT", "LABEL"} <= keywords
+
+
 def declared(keyword: str) -> set[str]:
     values: set[str] = set()
     for kw, args in dockerfile_instructions():
