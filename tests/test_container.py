@@ -253,7 +253,7 @@ def test_course_service_has_gpus_shared_memory_and_loopback_ports():
     for mapping in service["ports"]:
         assert str(mapping).startswith("127.0.0.1:"), f"{mapping} is published on every interface"
     limits = service["deploy"]["resources"]["limits"]
-    assert {"cpus", "memory", "pids"} <= set(limits), f"limits: {limits}"
+    assert {"cpus", "memory"} <= set(limits) and service.get("pids_limit"), f"limits: {limits}"
 
 
 def test_grade_service_isolates_untrusted_code():
@@ -264,7 +264,8 @@ def test_grade_service_isolates_untrusted_code():
     assert "no-new-privileges:true" in service["security_opt"]
     assert str(service["user"]).split(":")[0] not in {"0", "root"}
     assert "deploy" not in service or "reservations" not in service["deploy"]["resources"]
-    assert {"cpus", "memory", "pids"} <= set(service["deploy"]["resources"]["limits"])
+    assert {"cpus", "memory"} <= set(service["deploy"]["resources"]["limits"])
+    assert 0 < service["pids_limit"] <= 4096, "a fork bomb must hit a low process limit"
     assert any(t.startswith("/tmp:size=") for t in service["tmpfs"]), "tmpfs /tmp needs a size"
     argv = [*service["entrypoint"], *service["command"]]
     assert argv[0] == "timeout", f"no time limit: {argv}"
