@@ -401,6 +401,40 @@ def test_entrypoint_starts_sshd_with_fresh_keys_on_the_given_port(tmp_path, sshd
     assert (tmp_path / "run" / "services").read_text().split() == ["ssh", "127.0.0.1", str(port)]
 
 
+def test_entrypoint_all_starts_sshd_then_jupyter(tmp_path):
+    calls = tmp_path / "calls"
+    fakes = {}
+    for name in ("sshd", "jupyter"):
+        fake = tmp_path / f"fake-{name}"
+        fake.write_text(f'#!/bin/sh\necho "{name} $*" >> "{calls}"\n')
+        fake.chmod(0o755)
+        fakes[name] = str(fake)
+    keys = write_public_key(tmp_path / "mounted_authorized_keys")
+    ssh_port, jupyter_port = str(free_port()), str(free_port())
+    env = entrypoint_env(
+        tmp_path,
+        SSH_AUTHORIZED_KEYS=str(keys),
+        SSHD_BIN=fakes["sshd"],
+        JUPYTER_BIN=fakes["jupyter"],
+        SSH_PORT=ssh_port,
+        JUPYTER_PORT=jupyter_port,
+        JUPYTER_TOKEN="a-token-for-this-test",
+    )
+    result = run_entrypoint(env, "all")
+    assert result.returncode == 0, result.stderr
+    # sshd is started in the background, so wait briefly for its line.
+    deadline = time.monotonic() + 10
+    while len(calls.read_text().splitlines()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = {line.split()[0]: line.split()[1:] for line in calls.read_text().splitlines()}
+    assert set(started) == {"sshd", "jupyter"}, started
+    assert ["-p", ssh_port] == started["sshd"][started["sshd"].index("-p") :][:2]
+    assert f"--port={jupyter_port}" in started["jupyter"]
+    assert "a-token-for-this-test" not in " ".join(started["jupyter"]), "token on the command line"
+    services = (tmp_path / "run" / "services").read_text().split("\n")
+    assert sorted(line.split()[0] for line in services if line) == ["jupyter", "ssh"]
+
+
 # --- Jupyter -------------------------------------------------------------------
 
 
