@@ -4,10 +4,12 @@
 # Build: docker build -t multigpu-course .
 # Run:   docker run --gpus all -it -p 127.0.0.1:8888:8888 multigpu-course
 
-# Pinned, never "latest": PyTorch 2.8 built for CUDA 12.8 with cuDNN 9 works
-# with every current NVIDIA driver of the 12.x line and inside the version
-# range pyproject.toml admits. "runtime" rather than "devel" because the
-# course compiles nothing: no nvcc, no headers, gigabytes smaller.
+# Pinned, never "latest", so every build gets the same stack. PyTorch 2.8 with
+# CUDA 12.8 and cuDNN 9: a CUDA 12.x build runs on any host driver of the 12
+# line, 12.8 also covers the newest GPUs, and torch 2.8 sits inside the range
+# pyproject.toml admits, so installing the course reinstalls nothing large.
+# "runtime" rather than "devel" because the course compiles nothing: no nvcc,
+# no headers, gigabytes smaller.
 FROM pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime
 
 LABEL org.opencontainers.image.title="multigpu-course" \
