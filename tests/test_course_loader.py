@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from course.loader import LessonError, load
+from course.loader import LessonError, check_script, load
 
 
 def write(tmp_path, text):
@@ -41,3 +41,10 @@ def test_broken_files_give_one_line(tmp_path, text, says):
 def test_missing_file(tmp_path):
     with pytest.raises(LessonError, match="file not found"):
         load(tmp_path / "nope.py")
+
+
+def test_check_script_catches_syntax_errors_without_running(tmp_path):
+    path = write(tmp_path, "raise SystemExit('ran')\nif True\n")
+    with pytest.raises(LessonError, match="lesson.py:2: syntax error"):
+        check_script(path)
+    check_script(write(tmp_path, "raise SystemExit('not run by the check')\n"))
