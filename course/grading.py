@@ -55,7 +55,8 @@ def load_lesson(impl, lesson: registry.Lesson, requires=()):
     try:
         return loader.load(lesson.path(impl), requires=tuple(requires))
     except loader.LessonError as err:
-        pytest.fail(str(err), pytrace=False)
+        message = str(err)
+    pytest.fail(message, pytrace=False)  # outside `except`: no chained traceback
 
 
 def lesson_of(path: Path) -> str | None:
@@ -91,35 +92,61 @@ class GradeBook:
         self.path = config.getoption("grade_json")
         self.started = time.time()
         self.tests: dict[str, dict] = {}
+        self.points: dict[str, float] = {}
         if self.path:
             self.write()
 
     # --- collecting results -------------------------------------------------
-    def pytest_runtest_logstart(self, nodeid, location):
-        # Recorded as failed until its reports say otherwise, so a crash or a
-        # killed run leaves a 0 in the file, never a pass.
-        self.tests.setdefault(
-            nodeid,
-            {"name": nodeid, "status": "failed", "output": NOT_FINISHED, "phases": {}},
+    def pytest_collection_modifyitems(self, items):
+        # Without xdist the controller collects too, so it knows each test's
+        # worth before the test starts (and before it can crash).
+        self.points.update(
+            {
+                i.nodeid: dict(i.user_properties)["course_points"]
+                for i in items
+                if "course_points" in dict(i.user_properties)
+            }
         )
+
+    def _entry(self, nodeid: str) -> dict | None:
+        if nodeid not in self.tests:
+            lesson = lesson_of(Path(nodeid.split("::")[0]))
+            if lesson is None and nodeid not in self.points:
+                return None
+            # Failed until its reports say otherwise: a crash or a killed run
+            # leaves a 0 in the file, never a pass.
+            self.tests[nodeid] = {
+                "name": nodeid,
+                "lesson": lesson or "--",
+                "max_score": self.points.get(nodeid, 1.0),
+                "status": "failed",
+                "output": NOT_FINISHED,
+                "phases": {},
+            }
+        return self.tests[nodeid]
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        if self._entry(nodeid) is not None and self.path:
+            self.write()
 
     def pytest_runtest_logreport(self, report):
         props = dict(report.user_properties)
-        if "course_points" not in props:
-            self.tests.pop(report.nodeid, None)
+        if "course_points" in props:
+            self.points[report.nodeid] = props["course_points"]
+        entry = self._entry(report.nodeid)
+        if entry is None:
             return
-        entry = self.tests.setdefault(report.nodeid, {"name": report.nodeid, "phases": {}})
-        entry["lesson"] = props["course_lesson"]
-        entry["max_score"] = props["course_points"]
+        entry["lesson"] = props.get("course_lesson", entry["lesson"])
+        entry["max_score"] = self.points.get(report.nodeid, entry["max_score"])
         entry["phases"][report.when] = report.outcome
         if report.failed:
             entry["output"] = report.longreprtext[-4000:]
         phases = entry["phases"]
         if "failed" in phases.values():
             entry["status"] = "failed"
-        elif phases.get("setup") == "skipped" or phases.get("call") == "skipped":
+        elif "skipped" in (phases.get("setup"), phases.get("call")):
             entry["status"] = "skipped"
-            entry["output"] = _skip_reason(report) or entry.get("output", "")
+            entry["output"] = _skip_reason(report) or entry["output"]
         elif phases.get("call") == "passed":
             entry["status"] = "passed"
             entry["output"] = ""
@@ -128,7 +155,7 @@ class GradeBook:
 
     # --- reporting ----------------------------------------------------------
     def graded(self):
-        return [t for t in self.tests.values() if "max_score" in t]
+        return list(self.tests.values())
 
     def rows(self):
         by_lesson: dict[str, dict] = {}

@@ -14,10 +14,22 @@ class LessonError(Exception):
     """A submission that cannot be graded; the message is one line for the student."""
 
 
-def load(path: Path, *, requires: tuple[str, ...] = ()) -> ModuleType:
+def check_script(path: Path) -> None:
+    """Raise LessonError if `path` is missing or does not parse, before anything runs it."""
     path = Path(path)
     if not path.is_file():
         raise LessonError(f"{path}: file not found (the grader expects the layout of lessons/)")
+    try:
+        compile(path.read_bytes(), str(path), "exec")
+    except SyntaxError as err:
+        raise LessonError(
+            f"{path}:{err.lineno}: syntax error: {err.msg}; fix it, then run `python {path}`"
+        ) from None
+
+
+def load(path: Path, *, requires: tuple[str, ...] = ()) -> ModuleType:
+    path = Path(path)
+    check_script(path)
     name = f"course_lesson_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -25,10 +37,6 @@ def load(path: Path, *, requires: tuple[str, ...] = ()) -> ModuleType:
     sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
-    except SyntaxError as err:
-        raise LessonError(
-            f"{path}:{err.lineno}: syntax error: {err.msg}; fix it, then run `python {path}`"
-        ) from None
     except BaseException as err:  # noqa: BLE001 - any failure at import is the submission's
         frame = traceback.extract_tb(err.__traceback__)[-1]
         raise LessonError(

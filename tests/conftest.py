@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from course import procs
+from course import loader, procs
 
 
 @functools.cache
@@ -59,6 +59,10 @@ def run_script(tmp_path):
     """Run `python <script> args...`; fail with each rank's last lines unless asked not to."""
 
     def run(script, *args, timeout=60, check=True, env=None):
+        try:
+            loader.check_script(script)  # a missing or unparsable file: one line, no launch
+        except loader.LessonError as err:
+            pytest.fail(str(err), pytrace=False)
         result = procs.run(
             [sys.executable, str(script), *map(str, args)],
             timeout=timeout,

@@ -1,0 +1,85 @@
+"""python -m course: clear one-line errors, and the commands a student runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from course import REPO_ROOT, cli, lessons, procs
+
+
+def course(*args, timeout=120):
+    return procs.run([sys.executable, "-m", "course", *args], timeout=timeout, cwd=REPO_ROOT)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["run", "42"], "no lesson '42'"),
+        (["run", "00", "--nproc", "2"], "runs one process"),
+        (["run", "00", "--impl", "/no/such/folder"], "no such folder"),
+        (["grade", "7x"], "no lesson '7x'"),
+        (["teleport"], "invalid choice"),
+        (["run"], "required"),
+    ],
+)
+def test_bad_arguments_give_one_line_and_exit_2(args, says, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        code = cli.main(args)
+        raise SystemExit(code)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err
+
+
+def test_list_shows_every_lesson(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    for lesson in lessons.LESSONS:
+        assert lesson.number in out and lesson.title in out
+
+
+def test_release_check_passes_on_the_committed_starters(capsys):
+    assert cli.main(["release", "--check"]) == 0
+
+
+def test_commands_for_each_launcher(tmp_path):
+    base = dict(number="09", slug="09_x", title="x", level="x", script="s.py", summary="x")
+    (tmp_path / "09_x").mkdir()
+    (tmp_path / "09_x" / "s.py").write_text("")
+    spawn = lessons.Lesson(launcher="spawn", **base)
+    command = cli.lesson_command(spawn, tmp_path, 2, "gloo", ["--max-steps", "3"])
+    assert command[1:] == [str(tmp_path / "09_x" / "s.py"), "--backend", "gloo", "--nproc", "2"] + [
+        "--max-steps",
+        "3",
+    ]
+    torchrun = lessons.Lesson(launcher="torchrun", **base)
+    command = cli.lesson_command(torchrun, tmp_path, 2, None, [])
+    assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    with pytest.raises(ValueError, match="at least 1"):
+        cli.lesson_command(spawn, tmp_path, 0, None, [])
+
+
+def test_run_passes_arguments_after_dashes_to_the_script():
+    result = course("run", "00", "--impl", "solutions", "--", "--json")
+    assert result.ok, result.describe()
+    report = json.loads(result.output.splitlines()[-1])
+    assert report["backend"] in ("gloo", "nccl")
+
+
+def test_doctor_prints_the_gpu_count():
+    result = course("doctor")
+    assert result.ok, result.describe()
+    assert "How many GPUs does this process see?" in result.output
+
+
+def test_grade_prints_the_table_and_writes_json(tmp_path):
+    out = tmp_path / "grade.json"
+    result = course("grade", "00", "--impl", "solutions", "--grade-json", str(out), timeout=300)
+    assert result.ok, result.describe()
+    assert "Environment check" in result.output and "total" in result.output
+    results = json.loads(out.read_text())
+    assert results["score"] == results["max_score"] > 0
+    assert str(REPO_ROOT / "solutions") == results["impl"]

@@ -1,0 +1,84 @@
+"""course.procs and course.dist: deadlines, process groups, ports, rank logs."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import textwrap
+
+from course import dist, procs
+
+
+def test_output_and_exit_code_are_captured():
+    result = procs.run([sys.executable, "-c", "print('hello'); raise SystemExit(4)"], timeout=30)
+    assert result.returncode == 4 and not result.ok and not result.timed_out
+    assert "hello" in result.output
+    assert "exited with code 4" in result.describe()
+
+
+def test_timeout_kills_children_and_grandchildren(tmp_path):
+    # The child starts a grandchild that would outlive it, then hangs.
+    script = tmp_path / "tree.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import subprocess, sys, time
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            print("started", flush=True)
+            time.sleep(600)
+            """
+        )
+    )
+    result = procs.python(script, timeout=5)
+    assert result.timed_out and result.returncode is None
+    assert "started" in result.output
+    assert not procs.group_alive(result.pgid)
+
+
+def test_a_finished_command_leaves_no_orphans(tmp_path):
+    script = tmp_path / "orphan.py"
+    script.write_text(
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+    )
+    result = procs.python(script, timeout=30)
+    assert result.ok
+    assert not procs.group_alive(result.pgid)
+
+
+def test_children_get_one_thread_and_gpu_safety_settings(monkeypatch):
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    env = procs.child_env({"EXTRA": "x"})
+    assert env["OMP_NUM_THREADS"] == "1" and env["EXTRA"] == "x"
+    assert env["NCCL_NVLS_ENABLE"] == "0"
+    assert env["PYTHONPATH"].split(":")[0] == str(procs.REPO_ROOT)
+
+
+def test_timeout_scale(monkeypatch):
+    monkeypatch.setenv("COURSE_TIMEOUT_SCALE", "2.5")
+    assert procs.timeout_scale() == 2.5
+    monkeypatch.setenv("COURSE_TIMEOUT_SCALE", "fast")
+    assert procs.timeout_scale() == 1.0
+
+
+def test_free_port_can_be_bound():
+    port = dist.free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+    assert 0 < port < 65536
+
+
+def test_process_group_timeout(monkeypatch):
+    monkeypatch.setenv("COURSE_PG_TIMEOUT", "7")
+    assert dist.process_group_timeout().total_seconds() == 7
+
+
+def test_each_rank_writes_its_own_log(tmp_path):
+    code = (
+        "import sys\nfrom course.dist import redirect_output_for_rank\n"
+        "redirect_output_for_rank(3)\nprint('to the log')\nprint('err', file=sys.stderr)\n"
+    )
+    result = procs.run([sys.executable, "-c", code], timeout=30, log_dir=tmp_path)
+    assert result.ok, result.describe()
+    assert "to the log" not in result.output
+    assert result.rank_logs["rank3"].split() == ["to", "the", "log", "err"]

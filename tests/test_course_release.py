@@ -1,0 +1,91 @@
+"""The starter generator (python -m course release) and the lesson registry."""
+
+from __future__ import annotations
+
+import pytest
+
+from course import REPO_ROOT, lessons, release
+
+SOLUTION = """def area(r):
+    # TODO: the area of a circle of radius r.
+    ### BEGIN SOLUTION
+    import math
+
+    return math.pi * r * r
+    ### END SOLUTION
+
+
+for step in range(3):
+        ### BEGIN SOLUTION
+        print(step)
+        ### END SOLUTION
+"""
+
+
+def test_blocks_become_todos_that_raise_at_their_own_line():
+    starter = release.make_starter(SOLUTION, "demo.py")
+    assert "math.pi" not in starter and "print(step)" not in starter
+    assert "# TODO: the area of a circle of radius r." in starter
+    lines = starter.splitlines()
+    raises = [n for n, line in enumerate(lines, start=1) if "NotImplementedError" in line]
+    assert len(raises) == 2
+    for number in raises:
+        assert f"demo.py:{number} is not done" in lines[number - 1]
+    assert lines[raises[0] - 1].startswith("    raise")
+    assert lines[raises[1] - 1].startswith("        raise")
+    # The loop at module level runs first, and fails at its own TODO.
+    with pytest.raises(NotImplementedError, match=f"demo.py:{raises[1]} "):
+        exec(compile(starter, "demo.py", "exec"), {})
+
+
+@pytest.mark.parametrize(
+    ("source", "problem"),
+    [
+        ("### BEGIN SOLUTION\nx = 1\n", "never closed"),
+        ("x = 1\n### END SOLUTION\n", "without a"),
+        ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n", "inside the block"),
+    ],
+)
+def test_unbalanced_markers_are_reported_with_their_line(source, problem):
+    with pytest.raises(release.ReleaseError, match=problem):
+        release.make_starter(source, "bad.py")
+
+
+def test_committed_starters_are_up_to_date():
+    stale = release.stale()
+    assert not stale, f"run `python -m course release`; stale: {[str(p) for p in stale]}"
+
+
+def test_release_writes_and_removes_files(tmp_path):
+    solutions, starters = tmp_path / "solutions", tmp_path / "lessons"
+    (solutions / "00_demo").mkdir(parents=True)
+    (solutions / "00_demo" / "demo.py").write_text(SOLUTION)
+    (starters / "00_demo").mkdir(parents=True)
+    (starters / "00_demo" / "old.py").write_text("x = 1\n")
+    changed = release.release(solutions, starters)
+    assert sorted(p.name for p in changed) == ["demo.py", "old.py"]
+    assert not (starters / "00_demo" / "old.py").exists()
+    assert "NotImplementedError" in (starters / "00_demo" / "demo.py").read_text()
+    assert release.stale(solutions, starters) == []
+
+
+def test_every_lesson_folder_is_registered_with_its_script_and_tests():
+    folders = {p.name for p in (REPO_ROOT / "solutions").iterdir() if p.is_dir()}
+    folders.discard("__pycache__")
+    assert folders == {lesson.slug for lesson in lessons.LESSONS}
+    for lesson in lessons.LESSONS:
+        assert lesson.slug.startswith(lesson.number + "_")
+        assert lesson.launcher in lessons.LAUNCHERS
+        assert lesson.path(REPO_ROOT / "solutions").is_file()
+        assert lesson.path(REPO_ROOT / "lessons").is_file()
+        assert list((REPO_ROOT / "tests").glob(f"test_{lesson.number}_*.py")), lesson.number
+        source = lesson.path(REPO_ROOT / "solutions").read_text()
+        assert source.startswith('"""') and "python " in source.split('"""')[1], (
+            f"{lesson.slug}: the docstring must open with the commands that run it"
+        )
+
+
+def test_lookup_by_number_or_slug():
+    assert lessons.get(0) is lessons.get("00") is lessons.get("00_environment")
+    with pytest.raises(lessons.UnknownLesson, match="python -m course list"):
+        lessons.get("99")

@@ -1,0 +1,154 @@
+"""The grader grades itself: it fails unsolved starters, survives broken and
+hanging submissions, and keeps its results file valid through a crash.
+
+These run pytest (or a planted script) in a subprocess, exactly as an
+instructor's `python -m course grade` would.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import textwrap
+
+import pytest
+
+from course import REPO_ROOT, lessons, procs
+
+
+def grade(tmp_path, files, *options, timeout=300):
+    """Run the grader on `files`; return (results.json as a dict, RunResult)."""
+    results = tmp_path / "results.json"
+    args = [sys.executable, "-m", "pytest", *map(str, files), f"--grade-json={results}"]
+    args += ["-p", "no:cacheprovider", "-p", "no:xdist", "-q", *options]
+    run = procs.run(args, timeout=timeout, cwd=REPO_ROOT)
+    assert not run.timed_out, run.describe()
+    assert results.exists(), run.describe()
+    return json.loads(results.read_text()), run
+
+
+def lesson_test_files(lesson):
+    return sorted((REPO_ROOT / "tests").glob(f"test_{lesson.number}_*.py"))
+
+
+def copy_solutions(tmp_path):
+    submission = tmp_path / "submission"
+    shutil.copytree(
+        REPO_ROOT / "solutions", submission, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    return submission
+
+
+@pytest.mark.parametrize("lesson", lessons.LESSONS, ids=lambda lesson: lesson.number)
+def test_every_starter_fails_its_core_tests(tmp_path, lesson):
+    results, run = grade(tmp_path, lesson_test_files(lesson), "--impl=lessons", "-m", "core")
+    graded = [t for t in results["tests"] if t["status"] != "skipped"]
+    assert graded, f"lesson {lesson.number} has no core tests\n{run.describe()}"
+    passed = [t["name"] for t in graded if t["status"] != "failed" or t["score"] != 0]
+    assert not passed, f"these core tests pass on the unsolved starter: {passed}"
+    assert results["score"] == 0
+
+
+def test_solutions_earn_full_points_and_json_has_gradescope_shape(tmp_path):
+    results, run = grade(tmp_path, lesson_test_files(lessons.get("00")), "--impl=solutions")
+    assert run.returncode == 0, run.describe()
+    assert results["score"] == results["max_score"] > 0
+    assert isinstance(results["execution_time"], float | int)
+    for test in results["tests"]:
+        assert set(test) >= {"name", "score", "max_score", "status", "output"}
+        assert test["status"] in ("passed", "skipped")
+    assert "grade of" in run.output and "Environment check" in run.output
+
+
+def test_syntax_error_fails_only_that_lesson_with_one_line(tmp_path):
+    submission = copy_solutions(tmp_path)
+    broken = submission / "00_environment" / "env_check.py"
+    broken.write_text(broken.read_text() + "\ndef unfinished(:\n")
+    files = [f for lesson in lessons.LESSONS for f in lesson_test_files(lesson)]
+    results, _ = grade(tmp_path, files, f"--impl={submission}", "-m", "core")
+    mine = [t for t in results["tests"] if t["number"] == "00"]
+    others = [t for t in results["tests"] if t["number"] != "00" and t["status"] != "skipped"]
+    assert mine and all(t["status"] == "failed" and t["score"] == 0 for t in mine)
+    for test in mine:
+        message = test["output"].strip()
+        assert "\n" not in message, f"not one line: {message!r}"
+        assert "env_check.py:" in message and "syntax error" in message
+    assert all(t["status"] == "passed" for t in others), [t["name"] for t in others]
+
+
+def test_function_that_never_returns_fails_within_the_timeout(tmp_path):
+    submission = copy_solutions(tmp_path)
+    script = submission / "00_environment" / "env_check.py"
+    source = script.read_text().replace(
+        "def cuda_device_count() -> int:\n",
+        "def cuda_device_count() -> int:\n    while True:\n        pass\n",
+    )
+    script.write_text(source)
+    files = lesson_test_files(lessons.get("00"))
+    results, run = grade(
+        tmp_path, files, f"--impl={submission}", "-k", "zero_when", "-o", "timeout=3", timeout=60
+    )
+    (test,) = results["tests"]
+    assert test["status"] == "failed" and test["score"] == 0
+    assert "Timeout" in test["output"]
+    assert run.seconds < 30
+
+
+def test_results_file_stays_valid_when_the_run_crashes(tmp_path):
+    planted = tmp_path / "test_98_planted.py"
+    planted.write_text(
+        textwrap.dedent(
+            """
+            import os
+
+            def test_passes():
+                assert True
+
+            def test_kills_the_grader():
+                os._exit(3)
+
+            def test_never_reached():
+                assert True
+            """
+        )
+    )
+    results, run = grade(tmp_path, [planted], "-o", "addopts=", "-p", "course.grading")
+    assert run.returncode == 3
+    by_name = {t["name"].split("::")[-1]: t for t in results["tests"]}
+    assert by_name["test_passes"]["status"] == "passed"
+    crashed = by_name["test_kills_the_grader"]
+    assert crashed["status"] == "failed" and crashed["score"] == 0
+    assert "did not finish" in crashed["output"]
+    assert "test_never_reached" not in by_name
+
+
+HANG = """
+import sys, time
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+from course.dist import free_port, redirect_output_for_rank
+
+def worker(rank, port):
+    redirect_output_for_rank(rank)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    if rank == 1:
+        print("rank 1 skips the all-reduce", flush=True)
+        time.sleep(3600)
+    print("rank 0 waits in all_reduce", flush=True)
+    dist.all_reduce(torch.ones(1))
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(free_port(),), nprocs=2)
+"""
+
+
+def test_rank_that_never_joins_a_collective_is_killed_with_its_group(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text(HANG)
+    result = procs.python(script, timeout=25, log_dir=tmp_path / "ranks", cwd=tmp_path)
+    assert result.timed_out and not result.ok
+    assert not procs.group_alive(result.pgid), "processes outlived the timeout"
+    message = result.describe()
+    assert "did not finish within" in message
+    assert "rank 1 skips the all-reduce" in message
+    assert "rank 0 waits in all_reduce" in message
