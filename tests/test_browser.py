@@ -56,7 +56,9 @@ if not CHROMIUM.is_file():
 def _sitebuild():
     name = "course_tests_sitebuild"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_sitebuild.py"))
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("_sitebuild.py")
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -176,9 +178,7 @@ def test_lesson_page_shows_starter_and_solution_tabs(offline, base_url, artifact
     )
     assert chosen and set(chosen) == {"Solution"}, f"tab sets did not follow: {chosen}"
     page.screenshot(path=str(artifacts / f"lesson-00-solution-{offline.scheme}.png"))
-    page.screenshot(
-        path=str(artifacts / f"lesson-00-full-{offline.scheme}.png"), full_page=True
-    )
+    page.screenshot(path=str(artifacts / f"lesson-00-full-{offline.scheme}.png"), full_page=True)
     offline.assert_offline()
 
 
@@ -189,7 +189,7 @@ def test_every_mermaid_diagram_becomes_an_svg(offline, base_url, artifacts):
     assert expected >= 6, f"only {expected} mermaid blocks on the architecture page"
     # Material renders a diagram only when it comes near the viewport; scroll through.
     height = page.evaluate("document.body.scrollHeight")
-    for y in range(0, height + 900, 600):
+    for _y in range(0, height + 900, 600):
         page.mouse.wheel(0, 600)
         page.wait_for_timeout(50)
     page.wait_for_function(
@@ -209,9 +209,7 @@ def test_every_mermaid_diagram_becomes_an_svg(offline, base_url, artifacts):
         assert svg["w"] > 50 and svg["h"] > 50, f"diagram {i} is empty: {svg}"
         assert "Syntax error" not in svg["text"], f"diagram {i} failed to parse"
     page.evaluate("window.scrollTo(0, 0)")
-    page.screenshot(
-        path=str(artifacts / f"architecture-{offline.scheme}.png"), full_page=True
-    )
+    page.screenshot(path=str(artifacts / f"architecture-{offline.scheme}.png"), full_page=True)
     offline.assert_offline()
 
 

@@ -20,7 +20,9 @@ DOCS = ROOT / "docs"
 def _sitebuild():
     name = "course_tests_sitebuild"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_sitebuild.py"))
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("_sitebuild.py")
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)

@@ -297,9 +297,7 @@ def render_lessons_table(page_dir: str) -> str:
         else:
             title += " *(coming soon)*"
         rows.append(f"| {lesson.number} | {title} | {lesson.level} | {lesson.summary} |")
-    return "| # | Lesson | Level | What you learn |\n| --- | --- | --- | --- |\n" + "\n".join(
-        rows
-    )
+    return "| # | Lesson | Level | What you learn |\n| --- | --- | --- | --- |\n" + "\n".join(rows)
 
 
 # --------------------------------------------------------------------------- mkdocs events
@@ -329,9 +327,7 @@ def expand(markdown: str, src_uri: str) -> str:
 
 
 def on_files(files, config):
-    files.append(
-        File.generated(config, MERMAID_DEST, abs_src_path=str(find_mermaid_js()))
-    )
+    files.append(File.generated(config, MERMAID_DEST, abs_src_path=str(find_mermaid_js())))
     return files
 
 
