@@ -178,6 +178,7 @@ def test_lesson_page_shows_starter_and_solution_tabs(offline, base_url, artifact
     )
     assert chosen and set(chosen) == {"Solution"}, f"tab sets did not follow: {chosen}"
     page.screenshot(path=str(artifacts / f"lesson-00-solution-{offline.scheme}.png"))
+    page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(path=str(artifacts / f"lesson-00-full-{offline.scheme}.png"), full_page=True)
     offline.assert_offline()
 

@@ -192,10 +192,15 @@ def _fmt(x: float) -> str:
 
 def _runs_on(t: GradedTest) -> str:
     if t.backend:
-        return f"CPU (gloo) and {t.gpus or 2} GPUs (nccl)"
+        return f"CPU + {t.gpus or 2} GPUs"
     if t.gpus:
-        return f"{t.gpus} GPU{'s' if t.gpus > 1 else ''} only"
+        return f"{t.gpus} GPU{'s' if t.gpus > 1 else ''}"
     return "CPU"
+
+
+def _breakable(name: str) -> str:
+    """A test name as code that may wrap after underscores instead of mid-word."""
+    return "<code>" + name.replace("_", "_<wbr>") + "</code>"
 
 
 def render_grading(pattern: str, root: Path = ROOT) -> str:
@@ -215,19 +220,20 @@ def render_grading(pattern: str, root: Path = ROOT) -> str:
             elif not t.gpus:
                 cpu_total += max_points
             rows.append(
-                f"| `{t.name}` | {_fmt(t.worth)} | {t.total_cases} | {_fmt(max_points)} "
-                f"| {_runs_on(t)} | {what} |"
+                f"| {_breakable(t.name)} | {what} | {_fmt(t.worth)} | {t.total_cases} "
+                f"| {_fmt(max_points)} | {_runs_on(t)} |"
             )
     if not rows:
         raise PluginError(f"grading: {pattern!r} has no test functions")
     files = ", ".join(f"`{p.relative_to(root).as_posix()}`" for p in paths)
     return (
         f"Generated from {files} when this page was built.\n\n"
-        "| Test | Points per case | Cases | Max | Runs on | What it checks |\n"
-        "| --- | ---: | ---: | ---: | --- | --- |\n"
+        '<div class="grading" markdown>\n\n'
+        "| Test | What it checks | Points each | Cases | Max | Runs on |\n"
+        "| --- | --- | ---: | ---: | ---: | --- |\n"
         + "\n".join(rows)
-        + f"\n| **Total** | | | **{_fmt(total)}** | | **{_fmt(cpu_total)}** of them on a CPU-only "
-        "machine |\n\n"
+        + f"\n| **Total** | **{_fmt(cpu_total)}** of them on a CPU-only machine | | "
+        f"| **{_fmt(total)}** | |\n\n</div>\n\n"
         "Each case of a test (one per parameter, and per backend for distributed tests) earns "
         "its points only if it passes. Cases that need GPUs the machine lacks are skipped and "
         "count neither way, so a laptop grades out of the CPU total. Tests marked *core* are "
