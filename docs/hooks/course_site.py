@@ -281,7 +281,7 @@ def render_lesson_card(number: str) -> str:
             raise PluginError(f"lesson-card {number}: missing {rel}")
     return (
         "| | |\n| --- | --- |\n"
-        f"| Level | {lesson.level} |\n"
+        f"| Level | {lesson.level.capitalize()} |\n"
         f"| Starter (you edit this) | `{starter}` |\n"
         f"| Reference solution | `{solution}` |\n"
         f"| Launcher | `{lesson.launcher}` |\n"
@@ -302,7 +302,9 @@ def render_lessons_table(page_dir: str) -> str:
             title = f"[{title}]({rel})"
         else:
             title += " *(coming soon)*"
-        rows.append(f"| {lesson.number} | {title} | {lesson.level} | {lesson.summary} |")
+        rows.append(
+            f"| {lesson.number} | {title} | {lesson.level.capitalize()} | {lesson.summary} |"
+        )
     return "| # | Lesson | Level | What you learn |\n| --- | --- | --- | --- |\n" + "\n".join(rows)
 
 
