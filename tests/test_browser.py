@@ -183,14 +183,17 @@ def test_lesson_page_shows_starter_and_solution_tabs(offline, base_url, artifact
     offline.assert_offline()
 
 
-def test_every_mermaid_diagram_becomes_an_svg(offline, base_url, artifacts):
+@pytest.mark.parametrize(
+    ("path", "at_least"), [("architecture/", 6), ("", 1)], ids=["architecture", "home"]
+)
+def test_every_mermaid_diagram_becomes_an_svg(offline, base_url, artifacts, path, at_least):
     page = offline.page()
-    page.goto(base_url + "architecture/")
+    page.goto(base_url + path)
     expected = page.locator(".mermaid").count()
-    assert expected >= 6, f"only {expected} mermaid blocks on the architecture page"
+    assert expected >= at_least, f"only {expected} mermaid blocks on /{path}"
     # Material renders a diagram only when it comes near the viewport; scroll through.
     height = page.evaluate("document.body.scrollHeight")
-    for _y in range(0, height + 900, 600):
+    for _ in range(0, height + 900, 600):
         page.mouse.wheel(0, 600)
         page.wait_for_timeout(50)
     page.wait_for_function(
@@ -210,7 +213,8 @@ def test_every_mermaid_diagram_becomes_an_svg(offline, base_url, artifacts):
         assert svg["w"] > 50 and svg["h"] > 50, f"diagram {i} is empty: {svg}"
         assert "Syntax error" not in svg["text"], f"diagram {i} failed to parse"
     page.evaluate("window.scrollTo(0, 0)")
-    page.screenshot(path=str(artifacts / f"architecture-{offline.scheme}.png"), full_page=True)
+    name = (path.strip("/") or "home") + f"-diagrams-{offline.scheme}.png"
+    page.screenshot(path=str(artifacts / name), full_page=True)
     offline.assert_offline()
 
 
@@ -226,4 +230,20 @@ def test_search_finds_a_lesson_by_a_word_from_its_text(offline, base_url, artifa
     hit.first.wait_for(state="visible")
     assert re.search(r"environment", hit.first.inner_text(), re.I)
     page.screenshot(path=str(artifacts / "search.png"))
+    offline.assert_offline()
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["", "notebooks/02_ddp_from_a_notebook/", "troubleshooting/", "glossary/"],
+    ids=["home", "notebook", "troubleshooting", "glossary"],
+)
+def test_pages_load_offline_without_errors(offline, base_url, artifacts, path):
+    page = offline.page()
+    response = page.goto(base_url + path)
+    assert response is not None and response.ok, f"{path or 'home'}: HTTP {response.status}"
+    title = page.locator("article h1").first
+    assert title.is_visible() and title.inner_text().strip()
+    name = (path.strip("/").replace("/", "-") or "home") + f"-{offline.scheme}.png"
+    page.screenshot(path=str(artifacts / name))
     offline.assert_offline()

@@ -249,10 +249,17 @@ def test_diff_directive_renders_and_fails_clearly(tmp_path):
 def test_every_diagram_source_is_on_a_page_and_built(site):
     sources = sorted(p.relative_to(ROOT).as_posix() for p in (DOCS / "diagrams").glob("*.mmd"))
     assert len(sources) >= 6
-    shown = {path for _, path, _ in snippet_refs()}
-    assert not [s for s in sources if s not in shown], "a diagram is not included on any page"
-    html = (site.path / "architecture" / "index.html").read_text(encoding="utf-8")
-    assert html.count('class="mermaid"') == len(sources)
+    refs = [(page, path) for page, path, _ in snippet_refs() if path.endswith(".mmd")]
+    assert not [s for s in sources if s not in {path for _, path in refs}], (
+        "a diagram is not included on any page"
+    )
+    for page in {page for page, _ in refs}:
+        rel = page.relative_to(DOCS).with_suffix("")
+        # mkdocs writes page.md to page/index.html, and index.md to index.html.
+        built = site.path / (rel.parent if rel.name == "index" else rel) / "index.html"
+        html = built.read_text(encoding="utf-8")
+        expected = sum(1 for p, _ in refs if p == page)
+        assert html.count('class="mermaid"') == expected, f"{built}: diagrams missing"
 
 
 class _Assets(HTMLParser):
