@@ -29,6 +29,7 @@ class BuiltSite:
 
 
 _cache: dict[str, BuiltSite] = {}
+_reported: set[str] = set()
 
 
 def build_site() -> BuiltSite:
@@ -66,7 +67,10 @@ def load_hook():
 
 
 def report(config, line: str) -> None:
-    """Write a line to the pytest terminal even when output is captured."""
+    """Write a line, once, to the pytest terminal even when output is captured."""
+    if line in _reported:
+        return
+    _reported.add(line)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(line)
