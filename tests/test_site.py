@@ -81,7 +81,15 @@ def test_strict_build_succeeds(site):
     assert (site.path / "architecture" / "index.html").is_file()
     mermaid = site.path / "assets" / "vendor" / "mermaid.min.js"
     assert mermaid.is_file() and mermaid.stat().st_size > 500_000, "mermaid was not vendored"
+    # Material uses window.mermaid when it is defined, and only then skips its CDN.
+    assert 'globalThis["mermaid"]' in mermaid.read_text(encoding="utf-8")[-2000:]
     assert "WARNING" not in site.log, site.log
+
+
+def test_missing_mermaid_package_fails_the_build_clearly(monkeypatch):
+    monkeypatch.setattr(hook.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(hook.PluginError, match=r"mermaid JS not found: install the dev extra"):
+        hook.find_mermaid_js()
 
 
 def test_snippet_references_resolve():
