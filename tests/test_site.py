@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -252,6 +253,24 @@ def test_diff_directive_renders_and_fails_clearly(tmp_path):
         hook.render_diff("a.py", "nope.py", root=tmp_path)
     with pytest.raises(hook.PluginError, match="malformed directive"):
         hook.expand("<!-- diff: a.py -->\n", "page.md")
+
+
+def test_results_table_from_json_records(tmp_path):
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for n, rate in ((2, 1800.0), (1, 1000.0), (4, 3000.0)):
+        record = {"world_size": n, "samples_per_s": rate, "step_ms": {"median": 10.0 * n}}
+        (folder / f"ws{n}.json").write_text(json.dumps(record), encoding="utf-8")
+    table = hook.render_results("runs", root=tmp_path)
+    lines = table.splitlines()
+    assert lines[0] == "| world_size | samples_per_s | step_ms.median | speed-up | efficiency |"
+    assert lines[2] == "| 1 | 1,000 | 10 | 1.00× | 100% |"
+    assert lines[4] == "| 4 | 3,000 | 40 | 3.00× | 75% |"
+    (folder / "broken.json").write_text("[1, 2", encoding="utf-8")
+    with pytest.raises(hook.PluginError, match="broken.json is not a JSON object"):
+        hook.render_results("runs", root=tmp_path)
+    with pytest.raises(hook.PluginError, match="no \\*.json records"):
+        hook.render_results("nothing-here", root=tmp_path)
 
 
 def test_every_diagram_source_is_on_a_page_and_built(site):

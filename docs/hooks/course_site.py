@@ -13,6 +13,8 @@ stand alone on a line, starting in the first column:
     from the lesson registry ``course.lessons``.
 ``<!-- lessons-table -->``
     The whole course path from the registry, linked to each lesson page.
+``<!-- results-table: docs/results/FOLDER -->``
+    One row per JSON record of measurements in that folder.
 
 The hook also puts a copy of mermaid, taken from an installed Python package,
 into the site so that diagrams render with no network.
@@ -25,6 +27,7 @@ import difflib
 import glob
 import importlib
 import importlib.util
+import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -241,6 +244,53 @@ def render_grading(pattern: str, root: Path = ROOT) -> str:
     )
 
 
+# --------------------------------------------------------------------------- results
+
+
+def _flatten(record: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def render_results(folder: str, root: Path = ROOT) -> str:
+    """One table row per JSON record in a folder, with speed-up and efficiency when
+    the records carry `world_size` and `samples_per_s`."""
+    paths = sorted((root / folder).glob("*.json"))
+    if not paths:
+        raise PluginError(f"results: no *.json records in {folder!r}")
+    rows = []
+    for path in paths:
+        try:
+            rows.append(_flatten(json.loads(path.read_text(encoding="utf-8"))))
+        except (json.JSONDecodeError, AttributeError) as exc:
+            rel = path.relative_to(root)
+            raise PluginError(f"results: {rel} is not a JSON object: {exc}") from exc
+    rows.sort(key=lambda r: (r.get("world_size", 0), str(r.get("backend", ""))))
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    base = next((r for r in rows if r.get("world_size") == 1 and "samples_per_s" in r), None)
+    if base is not None:
+        for row in rows:
+            if "samples_per_s" in row and "world_size" in row:
+                speedup = row["samples_per_s"] / base["samples_per_s"]
+                row["speed-up"] = f"{speedup:.2f}×"
+                row["efficiency"] = f"{speedup / row['world_size']:.0%}"
+        columns += ["speed-up", "efficiency"]
+    head = "| " + " | ".join(columns) + " |\n| " + " | ".join("---" for _ in columns) + " |\n"
+    body = "\n".join("| " + " | ".join(_cell(r.get(c, "")) for c in columns) + " |" for r in rows)
+    return f"{head}{body}\n\n*{len(rows)} records from `{folder}`.*\n"
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -325,9 +375,11 @@ def expand(markdown: str, src_uri: str) -> str:
                 return render_lesson_card(args[0])
             if name == "lessons-table" and not args:
                 return render_lessons_table(page_dir)
+            if name == "results-table" and len(args) == 1:
+                return render_results(args[0])
         except PluginError as exc:
             raise PluginError(f"{src_uri}: {exc}") from exc
-        if name in {"diff", "grading", "lesson-card", "lessons-table"}:
+        if name in {"diff", "grading", "lesson-card", "lessons-table", "results-table"}:
             raise PluginError(f"{src_uri}: malformed directive {m.group(0)!r}")
         return m.group(0)
 
