@@ -83,7 +83,7 @@ def make_loaders(train_set, test_set, args, device: torch.device):
         num_workers=workers,
         pin_memory=device.type == "cuda",  # page-locked memory: faster, async copies to a GPU
     )
-    train = DataLoader(train_set, shuffle=True, generator=shuffle_gen, drop_last=False, **common)
+    train = DataLoader(train_set, shuffle=True, generator=shuffle_gen, **common)
     test = DataLoader(test_set, shuffle=False, **common)
     return train, test, shuffle_gen
 
