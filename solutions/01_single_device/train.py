@@ -8,7 +8,8 @@
     python -m course grade 01                                         # grade your version
 
 The default run (scikit-learn's 8x8 digits, a small CNN, 3 epochs) reaches
-about 97% test accuracy in about 5 seconds on two CPU cores.
+96.7% test accuracy after under 1 s of training on two CPU cores with
+OMP_NUM_THREADS=1 (about 6 s in all, most of it importing PyTorch).
 
 A training step is four calls: forward, loss, backward, optimizer step. The
 rest of this file is what makes a run trustworthy: a fixed test set, an
