@@ -177,7 +177,7 @@ def main(argv=None) -> dict:
 
     start_epoch = step = 0
     if args.resume:
-        start_epoch, step = restore(checkpoint.load(args.checkpoint, device), model, optimizer)
+        start_epoch, step = restore(checkpoint.load(args.checkpoint), model, optimizer)
         print(f"resumed from {args.checkpoint}: {start_epoch} epoch(s), {step} step(s) done")
     print(f"training {args.model} on {args.data} ({len(train_set)} images) on {device}")
 
