@@ -11,7 +11,7 @@ The default run (scikit-learn's 8x8 digits, a small CNN, 3 epochs) reaches
 96.7% test accuracy after under 1 s of training on two CPU cores with
 OMP_NUM_THREADS=1 (about 6 s in all, most of it importing PyTorch).
 
-A training step is four calls: forward, loss, backward, optimizer step. The
+A training step is five calls: forward, loss, zero_grad, backward, step. The
 rest of this file is what makes a run trustworthy: a fixed test set, an
 evaluation in eval mode, and checkpoints that let an interrupted run continue
 to bit-identical weights. Lessons 03 and 04 copy this file and change only
