@@ -126,10 +126,13 @@ def test_data_parallel_matches_one_device(dp, monkeypatch):
 
     eval(): in train mode each replica's BatchNorm normalises its own half of
     the batch, which legitimately differs from the whole-batch statistics.
-    TF32 is off so both paths do full fp32 math; what remains is summation order.
+    TF32 is off and cuDNN deterministic, so both paths do plain fp32 math; what
+    remains is the order of summation.
     """
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # the benchmark turns it on
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     torch.manual_seed(0)
     single = models.build_model("cnn", 10, 3).cuda(0).eval()
     parallel = dp.wrap_model(copy.deepcopy(single), [0, 1]).eval()
