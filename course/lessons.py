@@ -46,6 +46,24 @@ LESSONS: tuple[Lesson, ...] = (
         launcher="python",
         summary="How many GPUs does this machine see, and which backend should each rank use?",
     ),
+    Lesson(
+        number="01",
+        slug="01_single_device",
+        title="One device: the baseline",
+        level="foundations",
+        script="train.py",
+        launcher="python",
+        summary="A training loop, evaluation and bit-exact resumable checkpoints on one device.",
+    ),
+    Lesson(
+        number="02",
+        slug="02_data_parallel",
+        title="nn.DataParallel",
+        level="foundations",
+        script="train_dp.py",
+        launcher="python",
+        summary="One process drives every GPU: scatter, replicate, gather; why it stops scaling.",
+    ),
 )
 
 

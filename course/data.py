@@ -1,0 +1,198 @@
+"""The data sets the lessons train on, behind one function: `build_datasets`.
+
+    digits     scikit-learn's 1,797 handwritten digits (8x8, grey, 10 classes). It
+               ships inside the scikit-learn wheel, so it works offline; the default.
+    synthetic  random images with random labels: nothing to learn, only to measure
+               throughput without an input pipeline in the way.
+    cifar10    torchvision's CIFAR-10 (32x32 colour, 10 classes), downloaded into
+               --data-dir on first use (about 170 MB; needs the network once).
+    PATH       any folder of images laid out for torchvision's ImageFolder:
+               PATH/train/<class>/*.png and PATH/val/<class>/*.png, or, without
+               train/ and val/, one PATH/<class>/*.png tree that is split 80/20
+               with a fixed seed (the same split on every run and every rank).
+
+Every split here is fixed: the test set must not change when --seed does, or
+two runs' accuracies are not comparable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset, Subset, TensorDataset
+
+# The split seed is a constant, not --seed: --seed varies the training run,
+# never which images are held out for testing.
+SPLIT_SEED = 0
+TEST_FRACTION = 0.2
+NAMES = ("digits", "synthetic", "cifar10")
+
+
+def _split(n: int, test_fraction: float = TEST_FRACTION) -> tuple[list[int], list[int]]:
+    """Indices of a fixed, seeded train/test split of n items."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED)).tolist()
+    n_test = max(1, round(n * test_fraction))
+    return sorted(order[n_test:]), sorted(order[:n_test])
+
+
+def digits() -> tuple[Dataset, Dataset, int, int]:
+    """scikit-learn's digits as 1x8x8 float tensors scaled to [-1, 1]."""
+    from sklearn.datasets import load_digits  # imported here: it costs ~1 s
+
+    bunch = load_digits()
+    images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1)  # N,1,8,8 in 0..16
+    images = images / 8.0 - 1.0  # pixel values 0..16 -> -1..1
+    labels = torch.tensor(bunch.target, dtype=torch.long)
+    train, test = _split(len(labels))
+    return (
+        TensorDataset(images[train], labels[train]),
+        TensorDataset(images[test], labels[test]),
+        10,
+        1,
+    )
+
+
+def synthetic(
+    image_size: int = 32, num_classes: int = 10, train_size: int = 2048, test_size: int = 256
+) -> tuple[Dataset, Dataset, int, int]:
+    """Random 3-channel images and labels, generated from a fixed seed."""
+    gen = torch.Generator().manual_seed(SPLIT_SEED)
+
+    def make(n):
+        x = torch.randn(n, 3, image_size, image_size, generator=gen)
+        return TensorDataset(x, torch.randint(0, num_classes, (n,), generator=gen))
+
+    return make(train_size), make(test_size), num_classes, 3
+
+
+def _image_transforms(image_size: int, train: bool, augment: bool):
+    from torchvision import transforms as T
+
+    steps = [T.Resize((image_size, image_size))]
+    if train and augment:
+        steps += [T.RandomCrop(image_size, padding=image_size // 8), T.RandomHorizontalFlip()]
+    steps += [T.ToTensor(), T.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))]
+    return T.Compose(steps)
+
+
+def cifar10(data_dir: str | Path, image_size: int = 32) -> tuple[Dataset, Dataset, int, int]:
+    from torchvision.datasets import CIFAR10
+
+    root = Path(data_dir)
+    try:
+        train = CIFAR10(
+            root, train=True, download=True, transform=_image_transforms(image_size, True, True)
+        )
+        test = CIFAR10(
+            root, train=False, download=True, transform=_image_transforms(image_size, False, False)
+        )
+    except (OSError, RuntimeError) as err:  # URLError is an OSError
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise FileNotFoundError(
+            f"cifar10 is not in {root} and downloading it failed ({reason}); download it once "
+            f"on a machine with network access into --data-dir, or use --data digits"
+        ) from None
+    return train, test, 10, 3
+
+
+def image_folder(path: str | Path, image_size: int = 32) -> tuple[Dataset, Dataset, int, int]:
+    """An ImageFolder tree: PATH/train + PATH/val, or one PATH/<class> tree split 80/20."""
+    from torchvision.datasets import ImageFolder
+
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"--data {path}: no such folder (and not one of {', '.join(NAMES)})"
+        )
+
+    def load(folder: Path, train: bool) -> ImageFolder:
+        try:
+            return ImageFolder(
+                folder, transform=_image_transforms(image_size, train, augment=False)
+            )
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"--data {path}: no images in {folder} (expected {folder}/<class>/<image>.png)"
+            ) from None
+
+    if (root / "train").is_dir() and (root / "val").is_dir():
+        train, test = load(root / "train", True), load(root / "val", False)
+        if train.classes != test.classes:
+            raise ValueError(
+                f"--data {path}: train/ has classes {train.classes} but val/ has {test.classes}"
+            )
+        return train, test, len(train.classes), 3
+    # One tree: two views of it (the same transforms here, no augmentation), split by index.
+    full = load(root, True)
+    if len(full) < 2:
+        raise ValueError(
+            f"--data {path}: {len(full)} image(s); a train/test split needs at least 2"
+        )
+    train_idx, test_idx = _split(len(full))
+    return Subset(full, train_idx), Subset(full, test_idx), len(full.classes), 3
+
+
+def build_datasets(
+    name: str, data_dir: str | Path = "data", image_size: int | None = None
+) -> tuple[Dataset, Dataset, int, int]:
+    """(train set, test set, number of classes, input channels) for --data `name`.
+
+    Raises FileNotFoundError or ValueError with a one-line message that names
+    the problem, for a missing folder, an empty tree or an unknown name.
+    """
+    if name == "digits":
+        if image_size not in (None, 8):
+            raise ValueError("--data digits is 8x8; --image-size does not apply")
+        return digits()
+    if name == "synthetic":
+        return synthetic(image_size or 32)
+    if name == "cifar10":
+        return cifar10(data_dir, image_size or 32)
+    looks_like_path = any(sep in name for sep in ("/", "\\", ".")) or Path(name).exists()
+    if not looks_like_path:
+        raise ValueError(f"--data {name}: unknown; use one of {', '.join(NAMES)} or a folder path")
+    return image_folder(name, image_size or 32)
+
+
+# --- a small image tree for tests and exercises -----------------------------
+
+# One colour and one stripe direction per class: easy to learn, not trivial
+# once noise is added, and different enough in every channel.
+_COLOURS = [(220, 60, 60), (60, 200, 80), (70, 90, 230), (230, 200, 50), (180, 70, 200)]
+
+
+def make_image_folder(
+    path: str | Path,
+    classes: int = 3,
+    per_class: int = 20,
+    size: int = 16,
+    seed: int = 0,
+    val_per_class: int = 0,
+) -> Path:
+    """Write a learnable ImageFolder tree of PNGs and return its root.
+
+    With val_per_class > 0 it writes path/train/<class>/ and path/val/<class>/,
+    otherwise one path/<class>/ tree. Class k has colour k (cycling) and
+    stripes of period 2 + k, plus noise, so a small CNN learns it in a few steps.
+    """
+    import numpy as np
+    from PIL import Image
+
+    root = Path(path)
+    rng = np.random.default_rng(seed)
+    splits = {"train": per_class, "val": val_per_class} if val_per_class > 0 else {"": per_class}
+    yy, xx = np.mgrid[0:size, 0:size]
+    for split, count in splits.items():
+        for k in range(classes):
+            folder = root / split / f"class_{k}"
+            folder.mkdir(parents=True, exist_ok=True)
+            colour = np.array(_COLOURS[k % len(_COLOURS)], dtype=np.float32)
+            stripes = ((xx if k % 2 else yy) // (2 + k // 2)) % 2  # class-specific pattern
+            for i in range(count):
+                shift = rng.integers(0, size)
+                pattern = np.roll(stripes, shift, axis=k % 2)[..., None]
+                image = colour * (0.55 + 0.45 * pattern) + rng.normal(0, 25, (size, size, 3))
+                image = np.clip(image, 0, 255).astype(np.uint8)
+                Image.fromarray(image).save(folder / f"{i:04d}.png")
+    return root

@@ -1,0 +1,61 @@
+"""The models the lessons train: `build_model(name, num_classes, in_channels)`.
+
+    cnn       a small CNN with BatchNorm (~30k parameters) for small images: it
+              learns the 8x8 digits to ~95% in seconds on a CPU. The default.
+    resnet18  torchvision's ResNet-18 with a small-image stem (3x3 conv, stride 1,
+              no max-pool), the usual adaptation for 32x32 CIFAR-10 images.
+    resnet50  torchvision's ResNet-50 unchanged (ImageNet stem, for 224x224
+              images): the standard model for throughput benchmarks.
+
+Weights are random (no downloads). BatchNorm matters for the multi-GPU
+lessons: its statistics are per device unless synchronised.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+NAMES = ("cnn", "resnet18", "resnet50")
+
+
+def _conv_bn_relu(cin: int, cout: int) -> nn.Sequential:
+    # bias=False: the BatchNorm that follows has its own shift.
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)
+    )
+
+
+class SmallCNN(nn.Sequential):
+    """conv-conv-pool-conv, global average pool, linear: any image size works."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, width: int = 32):
+        super().__init__(
+            _conv_bn_relu(in_channels, width),
+            _conv_bn_relu(width, width),
+            nn.MaxPool2d(2),
+            _conv_bn_relu(width, 2 * width),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(2 * width, num_classes),
+        )
+
+
+def build_model(name: str, num_classes: int, in_channels: int = 3) -> nn.Module:
+    if name == "cnn":
+        return SmallCNN(num_classes, in_channels)
+    if name in ("resnet18", "resnet50"):
+        from torchvision import models
+
+        model = getattr(models, name)(weights=None, num_classes=num_classes)
+        if name == "resnet18":
+            # Small images: a 7x7 stride-2 conv and a max-pool would shrink 32x32 to 8x8.
+            model.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
+            model.maxpool = nn.Identity()
+        elif in_channels != 3:
+            model.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
+        return model
+    raise ValueError(f"--model {name}: unknown; use one of {', '.join(NAMES)}")
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
