@@ -152,9 +152,15 @@ def offline(request, browser):
     ctx.close()
 
 
-def test_lesson_page_shows_starter_and_solution_tabs(offline, base_url, artifacts):
+LESSON_PAGES = sorted(
+    p.stem for p in (Path(__file__).resolve().parents[1] / "docs" / "lessons").glob("[0-9]*.md")
+)
+
+
+@pytest.mark.parametrize("lesson", LESSON_PAGES)
+def test_lesson_page_shows_starter_and_solution_tabs(offline, base_url, artifacts, lesson):
     page = offline.page()
-    page.goto(base_url + "lessons/00_environment/")
+    page.goto(base_url + f"lessons/{lesson}/")
     tabs = page.locator(".tabbed-set").filter(has=page.locator("label", has_text="Starter"))
     assert tabs.count() >= 1, "no Starter/Solution tab set on the lesson page"
     first = tabs.first
@@ -164,7 +170,7 @@ def test_lesson_page_shows_starter_and_solution_tabs(offline, base_url, artifact
     code = first.locator(".tabbed-block").nth(0).locator("code")
     assert code.is_visible() and code.inner_text().strip(), "starter tab has no code"
     first.scroll_into_view_if_needed()
-    page.screenshot(path=str(artifacts / f"lesson-00-starter-{offline.scheme}.png"))
+    page.screenshot(path=str(artifacts / f"lesson-{lesson[:2]}-starter-{offline.scheme}.png"))
     solution.click()
     solved = first.locator(".tabbed-block").nth(1).locator("code")
     solved.wait_for(state="visible")
@@ -177,9 +183,11 @@ def test_lesson_page_shows_starter_and_solution_tabs(offline, base_url, artifact
                }).filter(label => label === 'Starter' || label === 'Solution')"""
     )
     assert chosen and set(chosen) == {"Solution"}, f"tab sets did not follow: {chosen}"
-    page.screenshot(path=str(artifacts / f"lesson-00-solution-{offline.scheme}.png"))
+    page.screenshot(path=str(artifacts / f"lesson-{lesson[:2]}-solution-{offline.scheme}.png"))
     page.evaluate("window.scrollTo(0, 0)")
-    page.screenshot(path=str(artifacts / f"lesson-00-full-{offline.scheme}.png"), full_page=True)
+    page.screenshot(
+        path=str(artifacts / f"lesson-{lesson[:2]}-full-{offline.scheme}.png"), full_page=True
+    )
     offline.assert_offline()
 
 
