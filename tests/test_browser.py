@@ -183,6 +183,7 @@ def test_lesson_page_shows_starter_and_solution_tabs(offline, base_url, artifact
                }).filter(label => label === 'Starter' || label === 'Solution')"""
     )
     assert chosen and set(chosen) == {"Solution"}, f"tab sets did not follow: {chosen}"
+    page.wait_for_timeout(400)  # let the tab underline finish its slide before the picture
     page.screenshot(path=str(artifacts / f"lesson-{lesson[:2]}-solution-{offline.scheme}.png"))
     page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(
