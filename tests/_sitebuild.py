@@ -67,12 +67,14 @@ def load_hook():
 
 
 def report(config, line: str) -> None:
-    """Write a line, once, to the pytest terminal even when output is captured."""
+    """Write a line, once, to the pytest terminal even while output is captured."""
     if line in _reported:
         return
     _reported.add(line)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(line)
-    else:
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or capture is None:  # an xdist worker: no terminal of its own
         print(line)
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line(line)
