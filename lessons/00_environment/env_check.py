@@ -112,6 +112,9 @@ def _smoke_worker(rank: int, world_size: int, port: int, backend: str) -> None:
         sys.stdout.write(
             f"rank {rank}/{world_size} on {device}: all-reduce sum {value.item():g} ok\n"
         )
+        # Leave together: a rank that tears down while another is still in a
+        # collective can abort it (gloo's "terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
