@@ -75,6 +75,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     bench.add_argument("--warmup", type=non_negative_int, default=5, help="untimed steps first")
     bench.add_argument("--amp", choices=("off", "bf16"), default="off", help="bf16 autocast")
     bench.add_argument("--channels-last", action="store_true", help="NHWC memory format")
+    bench.add_argument(
+        "--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms (see below)"
+    )
     args = p.parse_args(argv)
     if args.resume and not args.checkpoint:
         p.error("--resume needs --checkpoint PATH")
@@ -165,7 +168,7 @@ def wrap_model(model: nn.Module, device_ids: list[int]) -> nn.Module:
     # device_ids=device_ids, output_device=device_ids[0]) (the model must
     # already be on cuda:<device_ids[0]>); otherwise return `model` itself:
     # DataParallel over one GPU only adds the cost of the scatter and gather.
-    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:168 is not done yet")
+    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:171 is not done yet")
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -174,7 +177,7 @@ def unwrap(model: nn.Module) -> nn.Module:
     # state_dict() names every weight "module.<name>": a checkpoint saved
     # from it would not load into a plain model. Return model.module for a
     # DataParallel (isinstance(model, nn.DataParallel)), else the model.
-    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:177 is not done yet")
+    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:180 is not done yet")
 
 
 # --8<-- [end:wrap]
@@ -355,7 +358,12 @@ def time_training(model, batch_size, args, device, device_ids) -> dict:
 def benchmark(args, device: torch.device) -> dict:
     """Single device vs DataParallel on synthetic data; prints a table, writes --metrics-out."""
     all_ids = device_ids_for(device, args.gpus)
-    torch.backends.cudnn.benchmark = True  # fixed shapes: let cuDNN time its algorithms once
+    # cuDNN's autotuner ("benchmark" mode) picks the fastest convolution for
+    # fixed shapes, once per thread: its plan cache is thread-local. One GPU
+    # trains in one thread and pays once. DataParallel runs each replica in a
+    # new thread on every forward, so with it on, every step autotunes again.
+    # Off by default so the two modes are compared on equal terms.
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     first = all_ids[:1]  # the single-GPU baseline runs on the first of them
     modes = [("single", first)]
     if len(all_ids) >= 2:
