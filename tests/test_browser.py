@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import functools
 import http.server
-import importlib.util
 import os
 import re
-import sys
 import threading
 from pathlib import Path
 from urllib.parse import urlparse
@@ -53,19 +51,9 @@ if not CHROMIUM.is_file():
     )
 
 
-def _sitebuild():
-    name = "course_tests_sitebuild"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("_sitebuild.py")
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-sitebuild = _sitebuild()
+# tests/ is on sys.path (pytest's default "prepend" import mode), so the shared
+# builder imports by name; both modules then reuse one build per process.
+import _sitebuild as sitebuild  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 

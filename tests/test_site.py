@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -18,19 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 
 
-def _sitebuild():
-    name = "course_tests_sitebuild"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("_sitebuild.py")
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+# tests/ is on sys.path (pytest's default "prepend" import mode), so the shared
+# builder imports by name; both modules then reuse one build per process.
+import _sitebuild as sitebuild  # noqa: E402
 
-
-sitebuild = _sitebuild()
 hook = sitebuild.load_hook()
 
 # A snippet line: optional indent, `--8<--`, a quoted path with an optional `:section`
