@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,7 @@ def cuda_device_count() -> int:
     # use (no driver, a driver too old for the build, CUDA_VISIBLE_DEVICES="").
     # Hint: call torch.cuda.is_available() and torch.cuda.device_count()
     # through `torch.cuda`, so the grader can simulate a GPU machine.
-    raise NotImplementedError("TODO at 00_environment/env_check.py:37 is not done yet")
+    raise NotImplementedError("TODO at 00_environment/env_check.py:38 is not done yet")
 
 
 # --8<-- [end:device_count]
@@ -51,7 +52,7 @@ def library_report() -> dict:
     #   nccl_version:     ".".join of torch.cuda.nccl.version() when NCCL is
     #                     available and CUDA usable (the call needs a CUDA build)
     #   gloo_available:   dist.is_available() and dist.is_gloo_available()
-    raise NotImplementedError("TODO at 00_environment/env_check.py:54 is not done yet")
+    raise NotImplementedError("TODO at 00_environment/env_check.py:55 is not done yet")
     return {
         "torch_version": torch.__version__,
         "cuda_build": torch.version.cuda,  # the CUDA version torch was built for, or None
@@ -70,7 +71,7 @@ def pick_backend() -> str:
     # TODO: "nccl" when at least one CUDA GPU is usable AND this build has
     # NCCL (dist.is_nccl_available()); otherwise "gloo", which runs on CPUs
     # everywhere. NCCL only moves CUDA tensors, so it is useless without GPUs.
-    raise NotImplementedError("TODO at 00_environment/env_check.py:73 is not done yet")
+    raise NotImplementedError("TODO at 00_environment/env_check.py:74 is not done yet")
 
 
 def device_for(local_rank: int) -> torch.device:
@@ -80,7 +81,7 @@ def device_for(local_rank: int) -> torch.device:
     # with a clear message for a negative local rank, or for a local rank with
     # no GPU of its own (local_rank >= the GPU count): two ranks on one GPU is
     # a silent slowdown at best and an NCCL error at worst.
-    raise NotImplementedError("TODO at 00_environment/env_check.py:83 is not done yet")
+    raise NotImplementedError("TODO at 00_environment/env_check.py:84 is not done yet")
 
 
 # --8<-- [end:backend]
@@ -107,8 +108,9 @@ def _smoke_worker(rank: int, world_size: int, port: int, backend: str) -> None:
         expected = world_size * (world_size + 1) / 2
         if value.item() != expected:
             raise RuntimeError(f"rank {rank}: all-reduce gave {value.item()}, expected {expected}")
-        print(
-            f"rank {rank}/{world_size} on {device}: all-reduce sum {value.item():g} ok", flush=True
+        # One write per line: ranks share the terminal and would interleave.
+        sys.stdout.write(
+            f"rank {rank}/{world_size} on {device}: all-reduce sum {value.item():g} ok\n"
         )
     finally:
         dist.destroy_process_group()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 import torch.distributed as dist
@@ -137,8 +138,9 @@ def _smoke_worker(rank: int, world_size: int, port: int, backend: str) -> None:
         expected = world_size * (world_size + 1) / 2
         if value.item() != expected:
             raise RuntimeError(f"rank {rank}: all-reduce gave {value.item()}, expected {expected}")
-        print(
-            f"rank {rank}/{world_size} on {device}: all-reduce sum {value.item():g} ok", flush=True
+        # One write per line: ranks share the terminal and would interleave.
+        sys.stdout.write(
+            f"rank {rank}/{world_size} on {device}: all-reduce sum {value.item():g} ok\n"
         )
     finally:
         dist.destroy_process_group()
