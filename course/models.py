@@ -51,7 +51,9 @@ class SmallCNN(nn.Sequential):
         )
 
 
-def build_model(name: str, num_classes: int, in_channels: int = 3, norm: str = "batch") -> nn.Module:
+def build_model(
+    name: str, num_classes: int, in_channels: int = 3, norm: str = "batch"
+) -> nn.Module:
     """A fresh model; norm="none" (cnn only) builds it without BatchNorm."""
     if norm not in NORMS:
         raise ValueError(f"--norm {norm}: unknown; use one of {', '.join(NORMS)}")

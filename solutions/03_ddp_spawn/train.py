@@ -145,6 +145,7 @@ def make_loaders(train_set, test_set, args, device: torch.device, rank: int, wor
 # --8<-- [end:loaders]
 
 
+# --8<-- [start:train_step]
 def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=False):
     """One pass over `loader` (or `max_steps` steps); returns (mean loss, images, steps)."""
     model.train()  # BatchNorm uses batch statistics and updates its running ones
@@ -153,6 +154,7 @@ def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=F
     bar = tqdm(loader, disable=not progress, leave=False, unit="batch")
     start = time.perf_counter()
     for images, labels in bar:
+        # non_blocking: with pinned memory the copy overlaps with the GPU's work.
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         logits = model(images)
@@ -160,6 +162,8 @@ def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=F
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # DDP all-reduces the gradients, bucket by bucket, during this call
         optimizer.step()
+        # detach: keep the number, not the graph; no .item() here, which would
+        # make the CPU wait for the GPU at every step.
         total_loss += loss.detach() * len(labels)
         images_seen += len(labels)
         steps += 1
@@ -171,10 +175,14 @@ def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=F
     return (total_loss / max(images_seen, 1)).item(), images_seen, steps
 
 
-@torch.no_grad()
+# --8<-- [end:train_step]
+
+
+# --8<-- [start:evaluate]
+@torch.no_grad()  # no graph: evaluation needs no gradients and half the memory
 def evaluate(model, loader, device) -> tuple[float, float]:
     """(mean loss, accuracy) of `model` on `loader`."""
-    model.eval()
+    model.eval()  # BatchNorm uses its running statistics: results don't depend on the batch
     total_loss, correct, seen = 0.0, 0, 0
     for images, labels in loader:
         images, labels = images.to(device), labels.to(device)
@@ -185,6 +193,10 @@ def evaluate(model, loader, device) -> tuple[float, float]:
     return total_loss / max(seen, 1), correct / max(seen, 1)
 
 
+# --8<-- [end:evaluate]
+
+
+# --8<-- [start:checkpoint]
 def checkpoint_state(model, optimizer, epoch: int, step: int) -> dict:
     """Everything a resumed run needs; `epoch` counts the epochs completed."""
     return {
@@ -202,6 +214,9 @@ def restore(state: dict, model, optimizer) -> tuple[int, int]:
     optimizer.load_state_dict(state["optimizer"])
     checkpoint.set_rng_state(state["rng"])
     return state["epoch"], state["step"]
+
+
+# --8<-- [end:checkpoint]
 
 
 # --8<-- [start:model]
@@ -229,7 +244,7 @@ def build_ddp_model(args, num_classes, channels, device):
 # --8<-- [end:model]
 
 
-def gather_shard(sampler) -> list[list[int]]:
+def gather_shards(sampler) -> list[list[int]]:
     """Every rank's sample indices for this epoch, on every rank (for --record-shards)."""
     shards = [None] * dist.get_world_size()
     dist.all_gather_object(shards, list(sampler))
@@ -238,7 +253,9 @@ def gather_shard(sampler) -> list[list[int]]:
 
 # --8<-- [start:train]
 def train(rank: int, world_size: int, device: torch.device, args) -> dict | None:
-    seed_everything(args.seed)  # same seed, same data split and initial weights on every rank
+    """Lesson 01's main, run by every rank; returns the metrics on rank 0."""
+    log = print if rank == 0 else (lambda *_: None)  # one voice: rank 0 talks, the others work
+    seed_everything(args.seed)  # the same seed on every rank: the same split and initial weights
     train_set, test_set, num_classes, channels = data.build_datasets(
         args.data, args.data_dir, args.image_size
     )
@@ -247,30 +264,31 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
     )
     model = build_ddp_model(args, num_classes, channels, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
-    log = print if rank == 0 else (lambda *_: None)  # one voice: rank 0 talks, the others work
 
     start_epoch = step = 0
-    if args.resume:  # every rank loads the same file into its replica
-        start_epoch, step = restore(checkpoint.load(args.checkpoint, device), model.module, optimizer)
+    if args.resume:  # every rank loads the file into its replica (model.module: no prefix)
+        start_epoch, step = restore(
+            checkpoint.load(args.checkpoint, device), model.module, optimizer
+        )
         log(f"resumed from {args.checkpoint}: {start_epoch} epoch(s), {step} step(s) done")
-    global_batch = args.batch_size * world_size
     log(f"training {args.model} on {args.data} ({len(train_set)} images) on {world_size} ranks")
-    log(f"{world_size} ranks x batch {args.batch_size} = global batch {global_batch}")
+    global_batch = args.batch_size * world_size  # what one optimizer step averages over
+    log(f"{world_size} ranks x batch {args.batch_size} per rank = global batch {global_batch}")
 
-    metrics = {"backend": dist.get_backend(), "world_size": world_size, "data": args.data}
-    metrics.update(model=args.model, global_batch_size=global_batch, start_epoch=start_epoch)
-    metrics["epochs"], metrics["shards"] = [], []
+    metrics = {"backend": dist.get_backend(), "data": args.data, "model": args.model, "epochs": []}
+    metrics.update(start_epoch=start_epoch, world_size=world_size, global_batch_size=global_batch)
+    metrics["shards"] = []  # with --record-shards: [epoch][rank] -> sample indices
     images_total, train_seconds, accuracy = 0, 0.0, None
     for epoch in range(start_epoch, args.epochs):
-        # TODO: tell the sampler which epoch this is (sampler.set_epoch).
-        # It shuffles with seed + epoch: without the call every epoch reuses
-        # epoch 0's order, so each rank sees the same shard, in the same
-        # order, every epoch.
+        # TODO: tell the sampler which epoch this is (sampler.set_epoch). It
+        # shuffles with seed + epoch; without the call every epoch reuses
+        # epoch 0's order, and each rank sees the same shard in the same order
+        # every epoch (no error, just a quietly worse model).
         ### BEGIN SOLUTION
         sampler.set_epoch(epoch)
         ### END SOLUTION
         if args.record_shards:
-            metrics["shards"].append(gather_shard(train_loader.sampler))
+            metrics["shards"].append(gather_shards(train_loader.sampler))
         left = None if args.max_steps is None else args.max_steps - step
         if left is not None and left <= 0:
             break
@@ -278,12 +296,14 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
         train_loss, images, steps = train_one_epoch(
             model, train_loader, optimizer, device, left, rank == 0 and show_progress(args.quiet)
         )
-        seconds = time.perf_counter() - tic
-        # Each rank knows its own shard's loss: sum loss and images over the ranks.
+        seconds = time.perf_counter() - tic  # .item() in train_one_epoch waited for the GPU
+        # Each rank knows its own shard's loss and count: add them up over the ranks.
         totals = torch.tensor([train_loss * images, images], dtype=torch.float64, device=device)
         dist.all_reduce(totals)
         train_loss, images = (totals[0] / totals[1]).item(), int(totals[1].item())
-        step, images_total, train_seconds = step + steps, images_total + images, train_seconds + seconds
+        step += steps
+        images_total += images
+        train_seconds += seconds
         complete = steps == len(train_loader)
         if rank == 0:
             # model.module, the plain model: a forward through the DDP wrapper on
@@ -304,14 +324,17 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
                 f"epoch {epoch + 1}/{args.epochs}: train loss {train_loss:.4f}, test loss "
                 f"{test_loss:.4f}, test accuracy {accuracy:.2%}, {images / seconds:,.0f} img/s"
             )
-        # TODO: only rank 0 saves the checkpoint (if args.checkpoint and the
-        # epoch is complete): checkpoint_state of model.module, the plain model,
-        # whose keys have no "module." prefix, so lesson 01's model loads it. Every rank
-        # holds the same weights; N writers would race on one file. Then all
-        # ranks wait at dist.barrier() until the file is there.
+        # Only a complete epoch is saved: a resumed run restarts at an epoch boundary.
+        # TODO: only rank 0 saves (when args.checkpoint is set and the epoch is
+        # complete): checkpoint_state of model.module, the plain model, whose
+        # keys have no "module." prefix, so lesson 01's model loads it. All
+        # ranks hold the same weights; N writers would race on one file. Then
+        # every rank waits at dist.barrier() until the file is complete.
         ### BEGIN SOLUTION
         if rank == 0 and args.checkpoint and complete:
-            checkpoint.save(checkpoint_state(model.module, optimizer, epoch + 1, step), args.checkpoint)
+            checkpoint.save(
+                checkpoint_state(model.module, optimizer, epoch + 1, step), args.checkpoint
+            )
         dist.barrier()
         ### END SOLUTION
 
