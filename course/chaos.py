@@ -7,10 +7,11 @@ reads as ordinary training code:
 
     COURSE_KILL_RANK=1 COURSE_KILL_AT_STEP=6    rank 1 SIGKILLs itself right
                                                 after its optimizer step 6
-    COURSE_KILL_IN_SAVE=2                       the process SIGKILLs itself in
-                                                its 2nd course.checkpoint.save,
-                                                after half the temporary file is
-                                                written and before the rename
+    COURSE_KILL_IN_SAVE=snapshot.pt:2           the process SIGKILLs itself in its
+                                                2nd course.checkpoint.save to a file
+                                                named snapshot.pt (plain "2": to any
+                                                file), after half the temporary file
+                                                is written and before the rename
 
 SIGKILL, not an exception: a real crash (out of memory, a lost node, a
 segfault) runs no `finally`, no atexit and no destroy_process_group, and
@@ -32,7 +33,7 @@ KILL_RANK = "COURSE_KILL_RANK"
 KILL_AT_STEP = "COURSE_KILL_AT_STEP"
 KILL_IN_SAVE = "COURSE_KILL_IN_SAVE"
 
-_saves = 0
+_saves: dict[str, int] = {}
 
 
 def first_attempt() -> bool:
@@ -56,12 +57,17 @@ def maybe_kill(rank: int, step: int) -> None:
 
 def during_save(file, path) -> None:
     """Called by course.checkpoint.save once the temporary file is written and
-    before it is renamed; with COURSE_KILL_IN_SAVE=N, the N-th call cuts the
-    file to half its size (a write the crash interrupted) and kills the process."""
-    global _saves
-    _saves += 1
+    before it is renamed; with COURSE_KILL_IN_SAVE=[NAME:]N, the N-th call (for
+    a file named NAME) cuts the file to half its size (a write the crash
+    interrupted) and kills the process."""
+    name = os.path.basename(path)
+    _saves[name] = _saves.get(name, 0) + 1
+    _saves[""] = _saves.get("", 0) + 1
     wanted = os.environ.get(KILL_IN_SAVE)
-    if wanted is None or int(wanted) != _saves or not first_attempt():
+    if wanted is None or not first_attempt():
+        return
+    target, _, count = wanted.rpartition(":")
+    if target not in ("", name) or int(count) != _saves[target]:
         return
     file.flush()
     file.truncate(file.tell() // 2)
