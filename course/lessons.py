@@ -76,7 +76,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson(
         number="04",
         slug="04_torchrun",
-        title="torchrun and fault tolerance",
+        title="torchrun, fault tolerance",
         level="core",
         script="train.py",
         launcher="torchrun",
