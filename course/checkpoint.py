@@ -81,13 +81,15 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
+    # .cpu(): a checkpoint loaded with map_location="cuda:N" has its generator
+    # states on the GPU too, and the setters take CPU byte tensors only.
+    torch.set_rng_state(state["torch"].cpu())
     kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    np.random.set_state((kind, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, gauss))
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
     cuda = state.get("cuda")
     # A checkpoint from a GPU run can resume on a CPU (or on fewer GPUs): restore what exists.
     if cuda is not None and torch.cuda.is_available():
         for index, cuda_state in enumerate(cuda[: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(cuda_state, index)
+            torch.cuda.set_rng_state(cuda_state.cpu(), index)

@@ -20,7 +20,6 @@ import json
 import sys
 
 import pytest
-import torch
 
 from course import checkpoint, lessons, models, procs
 from course.dist import WRITE_LOG_ENV
@@ -31,6 +30,7 @@ FUNCTIONS = ("parse_args", "setup", "make_loaders", "build_ddp_model", "train", 
 PER_RANK_BATCH, EPOCHS, TRAIN_IMAGES = 64, 2, 1438  # digits' fixed train split
 STEPS = EPOCHS * -(-TRAIN_IMAGES // (2 * PER_RANK_BATCH))  # 12 steps an epoch
 ATOL = {"gloo": 1e-5, "nccl": 1e-3}
+SYNC_BN_ATOL = 1e-3
 
 _runs: dict = {}
 
@@ -166,6 +166,7 @@ def test_sync_bn_on_two_gpus_equals_one_gpu_with_the_global_batch(impl, tmp_path
         if not result.ok:
             pytest.fail(result.describe(), pytrace=False)
     ddp, ref = (checkpoint.load(tmp_path / name / "ckpt.pt")["model"] for name in ("ddp", "ref"))
-    for key, value in ref.items():
-        if value.is_floating_point():
-            torch.testing.assert_close(ddp[key], value, atol=ATOL["nccl"], rtol=1e-3, msg=key)
+    floats = [key for key, value in ref.items() if value.is_floating_point()]
+    worst = max((ddp[key] - ref[key]).abs().max().item() for key in floats)
+    print(f"largest difference, 2 GPUs with SyncBatchNorm vs 1 GPU: {worst:.2e}")
+    assert worst <= SYNC_BN_ATOL, f"differs by {worst:.2e} (allowed {SYNC_BN_ATOL:g})"
