@@ -93,7 +93,14 @@ def setup(backend: str) -> tuple[int, int, int, torch.device]:
     # exist), else the CPU. As in lesson 03, set the GPU as the current device
     # before init_process_group; call it without rank, world_size or an
     # init_method: its default, "env://", reads them and MASTER_ADDR/PORT.
-    raise NotImplementedError("TODO at 04_torchrun/train.py:96 is not done yet")
+    # No device_id here (unlike lesson 03): with it NCCL connects at once, and
+    # on a restarted group (torch 2.11, NCCL 2.28) that connection failed with
+    # "Connection refused"; connecting at the first collective works.
+    raise NotImplementedError("TODO at 04_torchrun/train.py:99 is not done yet")
+    # Bit-identical resumes on GPUs also need deterministic kernels: cuDNN may
+    # otherwise pick a different (or atomics-based) convolution algorithm.
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
     return rank, local_rank, world_size, device
 
 
@@ -221,7 +228,7 @@ def save_snapshot(path, model, optimizer, epoch: int, batches_done: int, step: i
     # (batches of that epoch already trained), "step", "rng" (the list) and
     # "world_size". checkpoint.save writes a temporary file and renames it:
     # a crash mid-write leaves the previous snapshot intact.
-    raise NotImplementedError("TODO at 04_torchrun/train.py:224 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:231 is not done yet")
     # No barrier: only a restarted group reads the file, and torchrun restarts a
     # group only after every process of the old one has exited.
 
@@ -233,7 +240,7 @@ def load_snapshot(path, model, optimizer, device) -> tuple[int, int, int]:
     # load the model's (model.module) and the optimizer's state, this rank's
     # random generators (checkpoint.set_rng_state(state["rng"][rank])), and
     # return (epoch, batches_done, step).
-    raise NotImplementedError("TODO at 04_torchrun/train.py:236 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:243 is not done yet")
 
 
 # --8<-- [end:snapshot]
@@ -255,7 +262,7 @@ def build_ddp_model(args, num_classes, channels, device):
     model = model.to(device)
     # TODO: wrap the model in DDP. device_ids=[device.index] on a GPU (the one
     # device this replica lives on), None on the CPU.
-    raise NotImplementedError("TODO at 04_torchrun/train.py:258 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:265 is not done yet")
     return ddp
 
 
@@ -305,7 +312,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
         # TODO: make the sampler skip what this epoch already trained: set
         # sampler.skip to `skip` batches' worth of indices (skip x batch size),
         # then reset `skip` to 0 so the following epochs start at the top.
-        raise NotImplementedError("TODO at 04_torchrun/train.py:308 is not done yet")
+        raise NotImplementedError("TODO at 04_torchrun/train.py:315 is not done yet")
         if args.record_shards:
             metrics["shards"].append(gather_shards(train_loader.sampler))
         left = None if args.max_steps is None else args.max_steps - step

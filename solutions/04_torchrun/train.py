@@ -93,6 +93,9 @@ def setup(backend: str) -> tuple[int, int, int, torch.device]:
     # exist), else the CPU. As in lesson 03, set the GPU as the current device
     # before init_process_group; call it without rank, world_size or an
     # init_method: its default, "env://", reads them and MASTER_ADDR/PORT.
+    # No device_id here (unlike lesson 03): with it NCCL connects at once, and
+    # on a restarted group (torch 2.11, NCCL 2.28) that connection failed with
+    # "Connection refused"; connecting at the first collective works.
     ### BEGIN SOLUTION
     local_rank = int(os.environ["LOCAL_RANK"])
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -101,12 +104,12 @@ def setup(backend: str) -> tuple[int, int, int, torch.device]:
         if local_rank >= gpus:
             raise ValueError(f"local rank {local_rank} has no GPU: {gpus} visible")
         torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend,
-        timeout=process_group_timeout(),  # a rank that never shows up is an error, not a hang
-        device_id=device if device.type == "cuda" else None,
-    )
+    dist.init_process_group(backend, timeout=process_group_timeout())
     ### END SOLUTION
+    # Bit-identical resumes on GPUs also need deterministic kernels: cuDNN may
+    # otherwise pick a different (or atomics-based) convolution algorithm.
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
     return rank, local_rank, world_size, device
 
 
