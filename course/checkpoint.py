@@ -81,8 +81,7 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    # .cpu(): a checkpoint loaded with map_location="cuda:N" has its generator
-    # states on the GPU too, and the setters take CPU byte tensors only.
+    # .cpu(): generator states are CPU byte tensors, even in a checkpoint loaded onto a GPU.
     torch.set_rng_state(state["torch"].cpu())
     kind, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((kind, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, gauss))

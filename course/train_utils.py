@@ -1,5 +1,5 @@
 """Plumbing every training lesson shares: seeding, picking a device, one-line
-command-line errors, a throughput meter and writing metrics files.
+command-line errors and writing metrics files.
 
 None of it is the lesson; it lives here once so the lesson files can show
 the training loop and the one change each lesson makes to it.
@@ -12,7 +12,6 @@ import json
 import os
 import random
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -96,28 +95,6 @@ def exit_with_one_line(main, argv=None, prog: str | None = None) -> int:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     return 0
-
-
-class Throughput:
-    """Images per second over a run, excluding the steps before `start()`."""
-
-    def __init__(self):
-        self.images = 0
-        self.seconds = 0.0
-        self._t0: float | None = None
-
-    def start(self) -> None:
-        self._t0 = time.perf_counter()
-
-    def stop(self, images: int) -> None:
-        if self._t0 is not None:
-            self.seconds += time.perf_counter() - self._t0
-            self.images += images
-            self._t0 = None
-
-    @property
-    def per_second(self) -> float:
-        return self.images / self.seconds if self.seconds > 0 else 0.0
 
 
 def write_json(data, path: str | Path) -> Path:

@@ -253,12 +253,15 @@ def test_cuda_requested_without_cuda_is_a_clear_error(train, monkeypatch):
 
 @pytest.mark.gpus(1)
 @pytest.mark.points(2)
-def test_trains_on_cuda(impl, run_script, tmp_path):
-    run_script(
-        LESSON.path(impl), "--device", "cuda", "--epochs", "3", "--quiet",
-        "--checkpoint", "gpu.pt", "--metrics-out", "gpu.json", timeout=120,
-    )  # fmt: skip
+def test_trains_and_resumes_on_cuda(impl, run_script, tmp_path):
+    """2 epochs on cuda:0, then resumed to 3 from the checkpoint (exact bits are CPU-only)."""
+    path = LESSON.path(impl)
+    args = ["--device", "cuda", "--quiet", "--checkpoint", "gpu.pt"]
+    run_script(path, *args, "--epochs", "2", timeout=120)
+    run_script(path, *args, "--epochs", "3", "--resume", "--metrics-out", "gpu.json", timeout=120)
     metrics = json.loads((tmp_path / "gpu.json").read_text())
-    assert metrics["device"] == "cuda:0" and metrics["final_accuracy"] >= 0.9
+    assert metrics["device"] == "cuda:0" and metrics["start_epoch"] == 2
+    assert metrics["final_accuracy"] >= 0.9, metrics["final_accuracy"]
     state = checkpoint.load(tmp_path / "gpu.pt")  # map_location="cpu": loads anywhere
+    assert state["epoch"] == 3
     models.build_model("cnn", 10, 1).load_state_dict(state["model"])

@@ -8,9 +8,10 @@
     python -m course grade 01                                         # grade your version
 
 The default run (scikit-learn's 8x8 digits, a small CNN, 3 epochs) reaches
-about 97% test accuracy in about 5 seconds on two CPU cores.
+96.7% test accuracy after under 1 s of training on two CPU cores with
+OMP_NUM_THREADS=1 (about 6 s in all, most of it importing PyTorch).
 
-A training step is four calls: forward, loss, backward, optimizer step. The
+A training step is five calls: forward, loss, zero_grad, backward, step. The
 rest of this file is what makes a run trustworthy: a fixed test set, an
 evaluation in eval mode, and checkpoints that let an interrupted run continue
 to bit-identical weights. Lessons 03 and 04 copy this file and change only
@@ -107,7 +108,7 @@ def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=F
         # with F.cross_entropy, clear the gradients left by the last step
         # (optimizer.zero_grad), backpropagate (loss.backward()) and update the
         # weights (optimizer.step()). Keep the loss in a variable named `loss`.
-        raise NotImplementedError("TODO at 01_single_device/train.py:110 is not done yet")
+        raise NotImplementedError("TODO at 01_single_device/train.py:111 is not done yet")
         # detach: keep the number, not the graph; no .item() here, which would
         # make the CPU wait for the GPU at every step.
         total_loss += loss.detach() * len(labels)
@@ -135,7 +136,7 @@ def evaluate(model, loader, device) -> tuple[float, float]:
         # TODO: add this batch's *summed* loss to total_loss (F.cross_entropy
         # with reduction="sum") and its number of correct predictions to
         # `correct` (the predicted class is the argmax of the logits).
-        raise NotImplementedError("TODO at 01_single_device/train.py:138 is not done yet")
+        raise NotImplementedError("TODO at 01_single_device/train.py:139 is not done yet")
         seen += len(labels)
     return total_loss / max(seen, 1), correct / max(seen, 1)
 
@@ -149,14 +150,14 @@ def checkpoint_state(model, optimizer, epoch: int, step: int) -> dict:
     # TODO: return a dict with the keys "model" and "optimizer" (their
     # state_dict()s: the optimizer's holds SGD's momentum buffers), "epoch",
     # "step", and "rng" (checkpoint.rng_state(): the random generators' state).
-    raise NotImplementedError("TODO at 01_single_device/train.py:152 is not done yet")
+    raise NotImplementedError("TODO at 01_single_device/train.py:153 is not done yet")
 
 
 def restore(state: dict, model, optimizer) -> tuple[int, int]:
     """Load a checkpoint_state() dict into model and optimizer; returns (epoch, step)."""
     # TODO: load the model's and the optimizer's state dicts, restore the
     # random generators (checkpoint.set_rng_state) and return (epoch, step).
-    raise NotImplementedError("TODO at 01_single_device/train.py:159 is not done yet")
+    raise NotImplementedError("TODO at 01_single_device/train.py:160 is not done yet")
 
 
 # --8<-- [end:checkpoint]
@@ -176,7 +177,7 @@ def main(argv=None) -> dict:
 
     start_epoch = step = 0
     if args.resume:
-        start_epoch, step = restore(checkpoint.load(args.checkpoint, device), model, optimizer)
+        start_epoch, step = restore(checkpoint.load(args.checkpoint), model, optimizer)
         print(f"resumed from {args.checkpoint}: {start_epoch} epoch(s), {step} step(s) done")
     print(f"training {args.model} on {args.data} ({len(train_set)} images) on {device}")
 

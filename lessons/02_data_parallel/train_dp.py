@@ -251,7 +251,7 @@ def main(argv=None) -> dict:
 
     start_epoch = step = 0
     if args.resume:
-        start_epoch, step = restore(checkpoint.load(args.checkpoint, device), model, optimizer)
+        start_epoch, step = restore(checkpoint.load(args.checkpoint), model, optimizer)
         print(f"resumed from {args.checkpoint}: {start_epoch} epoch(s), {step} step(s) done")
     print(f"training {args.model} on {args.data} ({len(train_set)} images)")
     print(f"{describe(device_ids, device)}; global batch {global_batch}")
@@ -355,6 +355,7 @@ def time_training(model, batch_size, args, device, device_ids) -> dict:
 def benchmark(args, device: torch.device) -> dict:
     """Single device vs DataParallel on synthetic data; prints a table, writes --metrics-out."""
     all_ids = device_ids_for(device, args.gpus)
+    torch.backends.cudnn.benchmark = True  # fixed shapes: let cuDNN time its algorithms once
     first = all_ids[:1]  # the single-GPU baseline runs on the first of them
     modes = [("single", first)]
     if len(all_ids) >= 2:

@@ -8,9 +8,10 @@
     python -m course grade 01                                         # grade your version
 
 The default run (scikit-learn's 8x8 digits, a small CNN, 3 epochs) reaches
-about 97% test accuracy in about 5 seconds on two CPU cores.
+96.7% test accuracy after under 1 s of training on two CPU cores with
+OMP_NUM_THREADS=1 (about 6 s in all, most of it importing PyTorch).
 
-A training step is four calls: forward, loss, backward, optimizer step. The
+A training step is five calls: forward, loss, zero_grad, backward, step. The
 rest of this file is what makes a run trustworthy: a fixed test set, an
 evaluation in eval mode, and checkpoints that let an interrupted run continue
 to bit-identical weights. Lessons 03 and 04 copy this file and change only
@@ -199,7 +200,7 @@ def main(argv=None) -> dict:
 
     start_epoch = step = 0
     if args.resume:
-        start_epoch, step = restore(checkpoint.load(args.checkpoint, device), model, optimizer)
+        start_epoch, step = restore(checkpoint.load(args.checkpoint), model, optimizer)
         print(f"resumed from {args.checkpoint}: {start_epoch} epoch(s), {step} step(s) done")
     print(f"training {args.model} on {args.data} ({len(train_set)} images) on {device}")
 
