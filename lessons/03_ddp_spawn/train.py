@@ -251,9 +251,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
 
     start_epoch = step = 0
     if args.resume:  # every rank loads the file into its replica (model.module: no prefix)
-        start_epoch, step = restore(
-            checkpoint.load(args.checkpoint, device), model.module, optimizer
-        )
+        start_epoch, step = restore(checkpoint.load(args.checkpoint), model.module, optimizer)
         log(f"resumed from {args.checkpoint}: {start_epoch} epoch(s), {step} step(s) done")
     log(f"training {args.model} on {args.data} ({len(train_set)} images) on {world_size} ranks")
     global_batch = args.batch_size * world_size  # what one optimizer step averages over
@@ -268,7 +266,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
         # shuffles with seed + epoch; without the call every epoch reuses
         # epoch 0's order, and each rank sees the same shard in the same order
         # every epoch (no error, just a quietly worse model).
-        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:271 is not done yet")
+        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:269 is not done yet")
         if args.record_shards:
             metrics["shards"].append(gather_shards(train_loader.sampler))
         left = None if args.max_steps is None else args.max_steps - step
@@ -312,7 +310,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
         # keys have no "module." prefix, so lesson 01's model loads it. All
         # ranks hold the same weights; N writers would race on one file. Then
         # every rank waits at dist.barrier() until the file is complete.
-        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:315 is not done yet")
+        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:313 is not done yet")
 
     if rank != 0:
         return None
@@ -359,7 +357,7 @@ def main(argv=None) -> None:
     # collide). The children inherit the environment. Then start the ranks:
     # mp.spawn(worker, args=(world_size, backend, args), nprocs=world_size).
     # If any rank raises, mp.spawn stops the others and raises here.
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:362 is not done yet")
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:360 is not done yet")
 
 
 # --8<-- [end:spawn]

@@ -1,5 +1,6 @@
 """Lesson 04 - torchrun: the same DDP training, started by torchrun, surviving a crash.
 
+    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1     # reliable restarts (see main())
     torchrun --standalone --nproc_per_node=2 lessons/04_torchrun/train.py --backend gloo
     torchrun --standalone --nproc_per_node=gpu lessons/04_torchrun/train.py --backend nccl
     torchrun --standalone --nproc_per_node=2 --max-restarts 3 lessons/04_torchrun/train.py \
@@ -93,10 +94,7 @@ def setup(backend: str) -> tuple[int, int, int, torch.device]:
     # exist), else the CPU. As in lesson 03, set the GPU as the current device
     # before init_process_group; call it without rank, world_size or an
     # init_method: its default, "env://", reads them and MASTER_ADDR/PORT.
-    # No device_id here (unlike lesson 03): with it NCCL connects at once, and
-    # on a restarted group (torch 2.11, NCCL 2.28) that connection failed with
-    # "Connection refused"; connecting at the first collective works.
-    raise NotImplementedError("TODO at 04_torchrun/train.py:99 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:97 is not done yet")
     # Bit-identical resumes on GPUs also need deterministic kernels: cuDNN may
     # otherwise pick a different (or atomics-based) convolution algorithm.
     torch.backends.cudnn.deterministic = True
@@ -228,7 +226,7 @@ def save_snapshot(path, model, optimizer, epoch: int, batches_done: int, step: i
     # (batches of that epoch already trained), "step", "rng" (the list) and
     # "world_size". checkpoint.save writes a temporary file and renames it:
     # a crash mid-write leaves the previous snapshot intact.
-    raise NotImplementedError("TODO at 04_torchrun/train.py:231 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:229 is not done yet")
     # No barrier: only a restarted group reads the file, and torchrun restarts a
     # group only after every process of the old one has exited.
 
@@ -240,7 +238,7 @@ def load_snapshot(path, model, optimizer, device) -> tuple[int, int, int]:
     # load the model's (model.module) and the optimizer's state, this rank's
     # random generators (checkpoint.set_rng_state(state["rng"][rank])), and
     # return (epoch, batches_done, step).
-    raise NotImplementedError("TODO at 04_torchrun/train.py:243 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:241 is not done yet")
 
 
 # --8<-- [end:snapshot]
@@ -262,7 +260,7 @@ def build_ddp_model(args, num_classes, channels, device):
     model = model.to(device)
     # TODO: wrap the model in DDP. device_ids=[device.index] on a GPU (the one
     # device this replica lives on), None on the CPU.
-    raise NotImplementedError("TODO at 04_torchrun/train.py:265 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:263 is not done yet")
     return ddp
 
 
@@ -312,7 +310,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
         # TODO: make the sampler skip what this epoch already trained: set
         # sampler.skip to `skip` batches' worth of indices (skip x batch size),
         # then reset `skip` to 0 so the following epochs start at the top.
-        raise NotImplementedError("TODO at 04_torchrun/train.py:315 is not done yet")
+        raise NotImplementedError("TODO at 04_torchrun/train.py:313 is not done yet")
         if args.record_shards:
             metrics["shards"].append(gather_shards(train_loader.sampler))
         left = None if args.max_steps is None else args.max_steps - step
@@ -403,6 +401,10 @@ def main(argv=None) -> None:
     if args.sync_bn and backend != "nccl":
         raise ValueError("--sync-bn needs --backend nccl: SyncBatchNorm runs on CUDA tensors only")
     redirect_output_for_rank(int(os.environ["RANK"]))  # the grader's per-rank logs
+    if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1" and os.environ["RANK"] == "0":
+        # torchrun's shared store can hand a restarted group the old attempt's
+        # addresses (pytorch/pytorch#135712, #167288): restarts then fail to connect.
+        print("warning: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for reliable restarts")
     rank, _local_rank, world_size, device = setup(backend)
     try:
         train(rank, world_size, device, args)

@@ -267,9 +267,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
 
     start_epoch = step = 0
     if args.resume:  # every rank loads the file into its replica (model.module: no prefix)
-        start_epoch, step = restore(
-            checkpoint.load(args.checkpoint, device), model.module, optimizer
-        )
+        start_epoch, step = restore(checkpoint.load(args.checkpoint), model.module, optimizer)
         log(f"resumed from {args.checkpoint}: {start_epoch} epoch(s), {step} step(s) done")
     log(f"training {args.model} on {args.data} ({len(train_set)} images) on {world_size} ranks")
     global_batch = args.batch_size * world_size  # what one optimizer step averages over

@@ -1,5 +1,6 @@
 """Lesson 04 - torchrun: the same DDP training, started by torchrun, surviving a crash.
 
+    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1     # reliable restarts (see main())
     torchrun --standalone --nproc_per_node=2 lessons/04_torchrun/train.py --backend gloo
     torchrun --standalone --nproc_per_node=gpu lessons/04_torchrun/train.py --backend nccl
     torchrun --standalone --nproc_per_node=2 --max-restarts 3 lessons/04_torchrun/train.py \
@@ -93,9 +94,6 @@ def setup(backend: str) -> tuple[int, int, int, torch.device]:
     # exist), else the CPU. As in lesson 03, set the GPU as the current device
     # before init_process_group; call it without rank, world_size or an
     # init_method: its default, "env://", reads them and MASTER_ADDR/PORT.
-    # No device_id here (unlike lesson 03): with it NCCL connects at once, and
-    # on a restarted group (torch 2.11, NCCL 2.28) that connection failed with
-    # "Connection refused"; connecting at the first collective works.
     ### BEGIN SOLUTION
     local_rank = int(os.environ["LOCAL_RANK"])
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -104,7 +102,11 @@ def setup(backend: str) -> tuple[int, int, int, torch.device]:
         if local_rank >= gpus:
             raise ValueError(f"local rank {local_rank} has no GPU: {gpus} visible")
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=process_group_timeout())
+    dist.init_process_group(
+        backend,
+        timeout=process_group_timeout(),  # a rank that never shows up is an error, not a hang
+        device_id=device if device.type == "cuda" else None,
+    )
     ### END SOLUTION
     # Bit-identical resumes on GPUs also need deterministic kernels: cuDNN may
     # otherwise pick a different (or atomics-based) convolution algorithm.
@@ -439,6 +441,10 @@ def main(argv=None) -> None:
     if args.sync_bn and backend != "nccl":
         raise ValueError("--sync-bn needs --backend nccl: SyncBatchNorm runs on CUDA tensors only")
     redirect_output_for_rank(int(os.environ["RANK"]))  # the grader's per-rank logs
+    if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1" and os.environ["RANK"] == "0":
+        # torchrun's shared store can hand a restarted group the old attempt's
+        # addresses (pytorch/pytorch#135712, #167288): restarts then fail to connect.
+        print("warning: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for reliable restarts")
     rank, _local_rank, world_size, device = setup(backend)
     try:
         train(rank, world_size, device, args)
