@@ -11,7 +11,8 @@ once and are shared by the tests (cached per backend):
   crash  rank 0 SIGKILLs itself halfway through writing the 2nd snapshot
          (step 8); --max-restarts 0, so the job fails
 
-and a fourth, `resume`, runs the crash's folder again without a fault.
+and a fourth, `resume`, runs the same command again without a fault on a
+copy of the crash's folder, as soon as the crash has ended.
 The restart overhead (the kill's timestamp to the first step after the
 restart) is printed by test_restart_overhead_is_measured; it is a figure to
 read, never asserted against a time.
@@ -20,6 +21,8 @@ read, never asserted against a time.
 from __future__ import annotations
 
 import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -36,6 +39,7 @@ STEPS, EVERY, KILL_STEP = 12, 4, 7
 ARGS = ["--epochs", "2", "--batch-size", "128", "--seed", "0", "--quiet"]
 ARGS += ["--snapshot", "snapshot.pt", "--snapshot-every", str(EVERY), "--checkpoint", "final.pt"]
 
+NAMES = ("ref", "kill", "crash", "resume")
 _runs: dict = {}
 
 
@@ -55,19 +59,28 @@ def torchrun(impl, backend, folder, restarts, env=None):
 
 @pytest.fixture
 def runs(impl, backend, tmp_path_factory):
-    """{name: (RunResult, folder)} for ref, kill and crash, launched once per backend."""
+    """{name: (RunResult, folder)} for ref, kill, crash and resume, launched once per backend.
+
+    ref, kill and crash start together; resume starts when crash ends, on a
+    copy of its folder (the crash's own folder stays as the crash left it)."""
     if backend not in _runs:
-        plans = {
-            "ref": (1, {}),
-            "kill": (1, {KILL_RANK: "1", KILL_AT_STEP: str(KILL_STEP)}),
-            "crash": (0, {KILL_IN_SAVE: "snapshot.pt:2"}),
-        }
-        jobs, folders = {}, {}
-        for name, (restarts, env) in plans.items():
-            folders[name] = tmp_path_factory.mktemp(f"{name}-{backend}")
-            jobs[name] = torchrun(impl, backend, folders[name], restarts, env)
-        results = procs.run_all(jobs)
-        _runs[backend] = {name: (results[name], folders[name]) for name in plans}
+        folders = {name: tmp_path_factory.mktemp(f"{name}-{backend}") for name in NAMES}
+
+        def launch(name, restarts, env=None):
+            return procs.run(**torchrun(impl, backend, folders[name], restarts, env))
+
+        def crash_then_resume():
+            crash = launch("crash", 0, {KILL_IN_SAVE: "snapshot.pt:2"})
+            shutil.copytree(folders["crash"], folders["resume"], dirs_exist_ok=True)
+            shutil.rmtree(folders["resume"] / "ranks", ignore_errors=True)
+            return crash, launch("resume", 0)
+
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            ref = pool.submit(launch, "ref", 1)
+            kill = pool.submit(launch, "kill", 1, {KILL_RANK: "1", KILL_AT_STEP: str(KILL_STEP)})
+            crash, resume = pool.submit(crash_then_resume).result()
+            results = {"ref": ref.result(), "kill": kill.result(), "crash": crash, "resume": resume}
+        _runs[backend] = {name: (results[name], folders[name]) for name in NAMES}
     return _runs[backend]
 
 
@@ -119,7 +132,7 @@ def test_without_restarts_the_failure_names_the_rank_and_signal(runs):
 
 @pytest.mark.core
 @pytest.mark.points(3)
-def test_kill_during_snapshot_write_keeps_the_previous_snapshot(runs, backend, impl):
+def test_kill_during_snapshot_write_keeps_the_previous_snapshot(runs):
     crashed, folder = runs["crash"]
     _, ref_folder = finished(runs, "ref")
     assert "killed while writing snapshot.pt" in rank_log(crashed, 0), crashed.describe()
@@ -129,11 +142,9 @@ def test_kill_during_snapshot_write_keeps_the_previous_snapshot(runs, backend, i
     assert partial, "the interrupted write should have left its temporary file"
     with pytest.raises(Exception):  # noqa: B017 - any load error: the file is cut short
         checkpoint.load(partial[0])
-    if "resume" not in runs:  # the same command again, without a fault, finishes the job
-        runs["resume"] = (procs.run(**torchrun(impl, backend, folder, 0)), folder)
-    result, _ = finished(runs, "resume")
+    result, resumed = finished(runs, "resume")  # the same command again, without the fault
     assert re.search(r"resumed from .* at step 4\b", rank_log(result, 0)), result.describe()
-    assert_same_weights(folder, ref_folder)
+    assert_same_weights(resumed, ref_folder)
 
 
 @pytest.mark.core
