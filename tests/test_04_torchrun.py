@@ -45,9 +45,7 @@ _runs: dict = {}
 
 def torchrun(impl, backend, folder, restarts, env=None):
     """procs.run kwargs for one torchrun launch of the lesson in `folder`."""
-    command = lesson_command(LESSON, impl, nproc=2, backend=backend, extra=ARGS)
-    at = command.index("--standalone") + 1
-    command[at:at] = [f"--max-restarts={restarts}"]
+    command = lesson_command(LESSON, impl, 2, backend, ARGS, max_restarts=restarts)
     return dict(
         args=command,
         timeout=150,
