@@ -40,6 +40,7 @@ def first_attempt() -> bool:
     return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
 
+# --8<-- [start:kill]
 def _die(what: str) -> None:
     sys.stdout.write(f"chaos: {what}, SIGKILL at t={time.time():.3f}\n")
     sys.stdout.flush()
@@ -53,6 +54,9 @@ def maybe_kill(rank: int, step: int) -> None:
         return
     if int(os.environ.get(KILL_RANK, "0")) == rank and int(at) == step:
         _die(f"rank {rank} killed after step {step}")
+
+
+# --8<-- [end:kill]
 
 
 def during_save(file, path) -> None:
