@@ -94,7 +94,8 @@ def test_two_ranks_equal_one_process_with_the_global_batch(runs, backend):
 
 @pytest.mark.core
 @pytest.mark.points(2)
-def test_ranks_train_on_disjoint_shards_that_change_every_epoch(runs):
+def test_ranks_train_on_disjoint_shards_that_change_every_epoch(runs, backend):
+    """Each epoch the ranks get disjoint halves of the data, and set_epoch reshuffles them."""
     _, folder = finished(runs)
     shards = json.loads((folder / "out" / "metrics.json").read_text())["shards"]
     assert len(shards) == EPOCHS and all(len(epoch) == 2 for epoch in shards), shards
@@ -111,7 +112,8 @@ def test_ranks_train_on_disjoint_shards_that_change_every_epoch(runs):
 
 @pytest.mark.core
 @pytest.mark.points(2)
-def test_only_rank_0_writes_files_and_talks(runs):
+def test_only_rank_0_writes_files_and_talks(runs, backend):
+    """Rank 0 alone writes the checkpoint and metrics and logs the epochs."""
     result, folder = finished(runs)
     assert sorted(p.name for p in (folder / "out").iterdir()) == ["ckpt.pt", "metrics.json"]
     writes = (folder / "writes.log").read_text().split("\n")
@@ -125,7 +127,8 @@ def test_only_rank_0_writes_files_and_talks(runs):
 
 @pytest.mark.core
 @pytest.mark.points(2)
-def test_checkpoint_loads_into_the_plain_lesson_01_model(runs):
+def test_checkpoint_loads_into_the_plain_lesson_01_model(runs, backend):
+    """The checkpoint holds model.module's weights: no "module." prefix, a strict load works."""
     _, folder = finished(runs)
     state = final_state(folder)
     prefixed = [key for key in state["model"] if key.startswith("module.")]
@@ -136,7 +139,8 @@ def test_checkpoint_loads_into_the_plain_lesson_01_model(runs):
 
 
 @pytest.mark.points(1)
-def test_log_states_the_global_batch(runs):
+def test_log_states_the_global_batch(runs, backend):
+    """The log and the metrics state the global batch: per-rank batch x world size."""
     result, folder = finished(runs)
     metrics = json.loads((folder / "out" / "metrics.json").read_text())
     assert metrics["world_size"] == 2
@@ -146,6 +150,7 @@ def test_log_states_the_global_batch(runs):
 
 @pytest.mark.points(1)
 def test_sync_bn_without_cuda_is_refused_before_spawning(impl):
+    """--sync-bn with gloo is a one-line error before any process starts."""
     train = load_lesson(impl, LESSON, requires=FUNCTIONS)
     with pytest.raises(ValueError, match="nccl"):
         train.main(["--sync-bn", "--backend", "gloo"])

@@ -106,6 +106,8 @@ def rank_log(result, rank):
 @pytest.mark.core
 @pytest.mark.points(4)
 def test_killed_rank_is_restarted_and_the_result_is_bit_exact(runs, backend):
+    """Rank 1 is SIGKILLed after step 7; the restarted group resumes from the
+    step-4 snapshot and ends bit-identical to an uninterrupted run."""
     result, folder = finished(runs, "kill")
     _, ref_folder = finished(runs, "ref")
     assert f"rank 1 killed after step {KILL_STEP}" in rank_log(result, 1), (
@@ -119,7 +121,8 @@ def test_killed_rank_is_restarted_and_the_result_is_bit_exact(runs, backend):
 
 @pytest.mark.core
 @pytest.mark.points(2)
-def test_without_restarts_the_failure_names_the_rank_and_signal(runs):
+def test_without_restarts_the_failure_names_the_rank_and_signal(runs, backend):
+    """With --max-restarts 0 torchrun fails; its report names rank 0, exit code -9, SIGKILL."""
     result, _ = runs["crash"]
     assert not result.timed_out, result.describe()
     assert result.returncode != 0, "torchrun should fail when a rank dies and no restart is left"
@@ -130,7 +133,9 @@ def test_without_restarts_the_failure_names_the_rank_and_signal(runs):
 
 @pytest.mark.core
 @pytest.mark.points(3)
-def test_kill_during_snapshot_write_keeps_the_previous_snapshot(runs):
+def test_kill_during_snapshot_write_keeps_the_previous_snapshot(runs, backend):
+    """A kill halfway through a snapshot write leaves the previous snapshot
+    loadable, and resuming from it ends bit-identical."""
     crashed, folder = runs["crash"]
     _, ref_folder = finished(runs, "ref")
     assert "killed while writing snapshot.pt" in rank_log(crashed, 0), crashed.describe()
@@ -147,7 +152,8 @@ def test_kill_during_snapshot_write_keeps_the_previous_snapshot(runs):
 
 @pytest.mark.core
 @pytest.mark.points(1)
-def test_only_rank_0_writes_files(runs):
+def test_only_rank_0_writes_files(runs, backend):
+    """Rank 0 alone writes the snapshot and the checkpoint, of the plain model."""
     _, folder = finished(runs, "ref")
     writers = {line.split()[0] for line in (folder / "writes.log").read_text().splitlines()}
     assert writers == {"0"}, f"files written by rank(s) {sorted(writers)}, expected rank 0 only"
@@ -157,7 +163,8 @@ def test_only_rank_0_writes_files(runs):
 
 
 @pytest.mark.points(1)
-def test_restart_overhead_is_measured(runs):
+def test_restart_overhead_is_measured(runs, backend):
+    """Prints the time from the kill to the first step after the restart (never asserted)."""
     result, _ = finished(runs, "kill")
     killed = re.search(r"SIGKILL at t=([\d.]+)", rank_log(result, 1))
     resumed = re.search(r"first step after the restart done at t=([\d.]+)", rank_log(result, 0))
@@ -169,6 +176,7 @@ def test_restart_overhead_is_measured(runs):
 
 @pytest.mark.points(1)
 def test_refuses_to_run_without_torchrun(impl, monkeypatch):
+    """Started without torchrun (no LOCAL_RANK), the script says how to start it."""
     train = load_lesson(impl, LESSON, requires=FUNCTIONS)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     with pytest.raises(ValueError, match="torchrun"):
