@@ -3,6 +3,7 @@
 python -m course list                      # lessons, titles, levels
 python -m course run 00                    # run a lesson (your version in lessons/)
 python -m course run 03 --nproc 2 --backend gloo -- --max-steps 20
+python -m course run 04 --nproc 2 --max-restarts 1 -- --snapshot runs/04/snap.pt
 python -m course grade 00 01               # grade your lessons, print the table
 python -m course grade --impl path/to/submission --grade-json results.json
 python -m course doctor                    # the reference environment report
@@ -35,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--impl", default="lessons", help="lessons (default), solutions or a folder")
     run.add_argument("--nproc", type=int, help="processes (ranks) for a distributed lesson")
     run.add_argument("--backend", choices=("gloo", "nccl"), help="for a distributed lesson")
+    run.add_argument(
+        "--max-restarts", type=int, help="torchrun lessons: restarts of a failed group (default 0)"
+    )
     run.epilog = "Arguments after `--` are passed to the lesson's script."
 
     grade = sub.add_parser("grade", help="grade lessons and print the points table")
@@ -50,7 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def lesson_command(lesson, impl_dir, nproc=None, backend=None, extra=()) -> list[str]:
+def lesson_command(
+    lesson, impl_dir, nproc=None, backend=None, extra=(), max_restarts=None
+) -> list[str]:
     script = lesson.path(impl_dir)
     if not script.is_file():
         raise FileNotFoundError(f"{script}: not found")
@@ -58,9 +64,13 @@ def lesson_command(lesson, impl_dir, nproc=None, backend=None, extra=()) -> list
         raise ValueError(f"lesson {lesson.number} runs one process; --nproc/--backend don't apply")
     if nproc is not None and nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
+    if max_restarts is not None and (lesson.launcher != "torchrun" or max_restarts < 0):
+        raise ValueError("--max-restarts takes a number >= 0, for torchrun lessons only")
     options = [*(["--backend", backend] if backend else [])]
     if lesson.launcher == "torchrun":
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        if max_restarts is not None:
+            launcher.append(f"--max-restarts={max_restarts}")
         return [*launcher, f"--nproc_per_node={nproc or 1}", str(script), *options, *extra]
     if lesson.launcher == "spawn" and nproc:
         options += ["--nproc", str(nproc)]
@@ -70,7 +80,7 @@ def lesson_command(lesson, impl_dir, nproc=None, backend=None, extra=()) -> list
 def _run(args) -> int:
     lesson = lessons.get(args.lesson)
     impl = lessons.resolve_impl(args.impl)
-    command = lesson_command(lesson, impl, args.nproc, args.backend, args.extra)
+    command = lesson_command(lesson, impl, args.nproc, args.backend, args.extra, args.max_restarts)
     print("$", " ".join(command), flush=True)
     return subprocess.call(command, env=procs.child_env())
 

@@ -64,6 +64,24 @@ LESSONS: tuple[Lesson, ...] = (
         launcher="python",
         summary="One process drives every GPU: scatter, replicate, gather; why it stops scaling.",
     ),
+    Lesson(
+        number="03",
+        slug="03_ddp_spawn",
+        title="DDP with mp.spawn",
+        level="core",
+        script="train.py",
+        launcher="spawn",
+        summary="One process per device: DistributedSampler, gradient all-reduce, rank 0 saves.",
+    ),
+    Lesson(
+        number="04",
+        slug="04_torchrun",
+        title="torchrun, fault tolerance",
+        level="core",
+        script="train.py",
+        launcher="torchrun",
+        summary="torchrun starts the ranks; snapshots let a killed job restart where it stopped.",
+    ),
 )
 
 

@@ -2,6 +2,10 @@
 
     cnn       a small CNN with BatchNorm (~30k parameters) for small images: it
               learns the 8x8 digits to ~95% in seconds on a CPU. The default.
+              norm="none" drops the BatchNorm layers (the convolutions get a
+              bias instead): every sample's gradient is then independent of
+              the other samples in its batch, which is what makes "2 ranks x
+              batch B" exactly equivalent to "1 process x batch 2B" (lesson 03).
     resnet18  torchvision's ResNet-18 with a small-image stem (3x3 conv, stride 1,
               no max-pool), the usual adaptation for 32x32 CIFAR-10 images.
     resnet50  torchvision's ResNet-50 unchanged (ImageNet stem, for 224x224
@@ -18,7 +22,12 @@ from torch import nn
 NAMES = ("cnn", "resnet18", "resnet50")
 
 
-def _conv_bn_relu(cin: int, cout: int) -> nn.Sequential:
+NORMS = ("batch", "none")
+
+
+def _conv_bn_relu(cin: int, cout: int, norm: str = "batch") -> nn.Sequential:
+    if norm == "none":
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(inplace=True))
     # bias=False: the BatchNorm that follows has its own shift.
     return nn.Sequential(
         nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)
@@ -28,21 +37,30 @@ def _conv_bn_relu(cin: int, cout: int) -> nn.Sequential:
 class SmallCNN(nn.Sequential):
     """conv-conv-pool-conv, global average pool, linear: any image size works."""
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 1, width: int = 32):
+    def __init__(
+        self, num_classes: int = 10, in_channels: int = 1, width: int = 32, norm: str = "batch"
+    ):
         super().__init__(
-            _conv_bn_relu(in_channels, width),
-            _conv_bn_relu(width, width),
+            _conv_bn_relu(in_channels, width, norm),
+            _conv_bn_relu(width, width, norm),
             nn.MaxPool2d(2),
-            _conv_bn_relu(width, 2 * width),
+            _conv_bn_relu(width, 2 * width, norm),
             nn.AdaptiveAvgPool2d(1),
             nn.Flatten(),
             nn.Linear(2 * width, num_classes),
         )
 
 
-def build_model(name: str, num_classes: int, in_channels: int = 3) -> nn.Module:
+def build_model(
+    name: str, num_classes: int, in_channels: int = 3, norm: str = "batch"
+) -> nn.Module:
+    """A fresh model; norm="none" (cnn only) builds it without BatchNorm."""
+    if norm not in NORMS:
+        raise ValueError(f"--norm {norm}: unknown; use one of {', '.join(NORMS)}")
+    if norm != "batch" and name != "cnn":
+        raise ValueError(f"--norm {norm} applies to --model cnn only, not {name}")
     if name == "cnn":
-        return SmallCNN(num_classes, in_channels)
+        return SmallCNN(num_classes, in_channels, norm=norm)
     if name in ("resnet18", "resnet50"):
         from torchvision import models
 

@@ -100,8 +100,15 @@ def kill_group(pgid: int, grace: float = 3.0) -> None:
             time.sleep(0.05)
 
 
+# torchrun's agent shares its rendezvous store with the workers by default,
+# and a restarted group can then read the previous attempt's addresses and
+# fail to connect ("Connection refused" in gloo or NCCL; pytorch/pytorch#135712,
+# #167288). With this set, every attempt gets a fresh store.
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, **QUIET_ENV, **(extra or {}), **SAFE_GPU_ENV}
+    env = {**os.environ, **QUIET_ENV, **ELASTIC_ENV, **(extra or {}), **SAFE_GPU_ENV}
     # The lesson scripts import `course`; make that work for a student folder
     # anywhere on disk and on machines where the package is not pip-installed.
     paths = [str(REPO_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
@@ -167,3 +174,13 @@ def run(
 def python(*args: str | Path, **kwargs) -> RunResult:
     """`run` with this interpreter."""
     return run([sys.executable, *map(str, args)], **kwargs)
+
+
+def run_all(jobs: dict[str, dict]) -> dict[str, RunResult]:
+    """Several `run(**kwargs)` at once (independent launches overlap their start-up
+    costs, which dominate on a small machine); {name: kwargs} -> {name: RunResult}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(len(jobs), 1)) as pool:
+        futures = {name: pool.submit(run, **kwargs) for name, kwargs in jobs.items()}
+        return {name: future.result() for name, future in futures.items()}

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from course.dist import record_write
+
 
 def seed_everything(seed: int) -> None:
     """Seed every generator a training run draws from (model init, shuffling, augmentation)."""
@@ -102,6 +104,7 @@ def write_json(data, path: str | Path) -> Path:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
+    record_write(path)
     return path
 
 

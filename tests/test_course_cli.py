@@ -58,6 +58,10 @@ def test_commands_for_each_launcher(tmp_path):
     torchrun = lessons.Lesson(launcher="torchrun", **base)
     command = cli.lesson_command(torchrun, tmp_path, 2, None, [])
     assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    command = cli.lesson_command(torchrun, tmp_path, 2, None, [], max_restarts=1)
+    assert command[3:6] == ["--standalone", "--max-restarts=1", "--nproc_per_node=2"]
+    with pytest.raises(ValueError, match="torchrun lessons only"):
+        cli.lesson_command(spawn, tmp_path, 2, None, [], max_restarts=1)
     with pytest.raises(ValueError, match="at least 1"):
         cli.lesson_command(spawn, tmp_path, 0, None, [])
 

@@ -1,0 +1,177 @@
+"""Grades lesson 03: DDP with mp.spawn (lessons/03_ddp_spawn/train.py).
+
+Two launches per backend, started at the same time and shared by every test
+(cached per backend): the lesson with 2 ranks and a per-rank batch of 64, and
+the lesson with 1 rank and a batch of 128, the reference. Both train the
+model without BatchNorm (--norm none), where "2 ranks x 64" and "1 process x
+128" are the same computation up to floating-point summation order.
+
+Equivalence tolerance: fp32 on CPU (gloo) adds the two halves of the batch in
+a different order than one big batch does, so it is not bit-exact; after the
+24 steps here the largest parameter difference is about 6e-8 (measured), and
+the test allows 1e-5. A rank training alone, a summed instead of averaged
+gradient or a wrong shard is off by 1e-2 or more. On GPUs (nccl), cuDNN picks
+batch-size-dependent algorithms (and TF32), hence a looser 1e-3.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from course import checkpoint, lessons, models, procs
+from course.dist import WRITE_LOG_ENV
+from course.grading import load_lesson
+
+LESSON = lessons.get("03")
+FUNCTIONS = ("parse_args", "setup", "make_loaders", "build_ddp_model", "train", "worker", "main")
+PER_RANK_BATCH, EPOCHS, TRAIN_IMAGES = 64, 2, 1438  # digits' fixed train split
+STEPS = EPOCHS * -(-TRAIN_IMAGES // (2 * PER_RANK_BATCH))  # 12 steps an epoch
+ATOL = {"gloo": 1e-5, "nccl": 1e-3}
+SYNC_BN_ATOL = 1e-3
+
+_runs: dict = {}
+
+
+def launch(impl, folder, *args, nproc, backend):
+    """The kwargs of procs.run for one launch of the lesson in `folder`."""
+    command = [sys.executable, str(LESSON.path(impl)), "--nproc", nproc, "--backend", backend]
+    command += ["--epochs", EPOCHS, "--quiet", "--seed", "0", *args]
+    return dict(
+        args=[str(a) for a in command],
+        timeout=120,
+        cwd=folder,
+        log_dir=folder / "ranks",
+        env={WRITE_LOG_ENV: str(folder / "writes.log")},
+    )
+
+
+@pytest.fixture
+def runs(impl, backend, tmp_path_factory):
+    """{"ddp": (RunResult, folder), "ref": (RunResult, folder)}, launched once per backend."""
+    if backend not in _runs:
+        jobs, folders = {}, {}
+        for name, nproc, batch in (("ddp", 2, PER_RANK_BATCH), ("ref", 1, 2 * PER_RANK_BATCH)):
+            folder = folders[name] = tmp_path_factory.mktemp(f"{name}-{backend}")
+            (folder / "out").mkdir()
+            extra = ["--norm", "none", "--batch-size", batch, "--checkpoint", "out/ckpt.pt"]
+            extra += ["--metrics-out", "out/metrics.json", "--record-shards"]
+            jobs[name] = launch(impl, folder, *extra, nproc=nproc, backend=backend)
+        results = procs.run_all(jobs)
+        _runs[backend] = {name: (results[name], folders[name]) for name in jobs}
+    return _runs[backend]
+
+
+def finished(runs, name="ddp"):
+    result, folder = runs[name]
+    if not result.ok:
+        pytest.fail(result.describe(), pytrace=False)
+    return result, folder
+
+
+def final_state(folder):
+    return checkpoint.load(folder / "out" / "ckpt.pt")
+
+
+@pytest.mark.core
+@pytest.mark.points(3)
+def test_two_ranks_equal_one_process_with_the_global_batch(runs, backend):
+    """2 ranks x batch 64 end with the parameters of 1 process x batch 128."""
+    _, ddp_folder = finished(runs, "ddp")
+    _, ref_folder = finished(runs, "ref")
+    ddp, ref = final_state(ddp_folder), final_state(ref_folder)
+    assert ddp["step"] == ref["step"] == STEPS, "both runs should take 12 steps an epoch"
+    worst = max((ddp["model"][k] - ref["model"][k]).abs().max().item() for k in ref["model"])
+    print(f"largest parameter difference, 2 ranks vs 1 process: {worst:.2e}")
+    assert worst <= ATOL[backend], (
+        f"after {STEPS} steps the 2-rank model differs from the 1-process model by {worst:.2e} "
+        f"(allowed {ATOL[backend]:g}): are the gradients averaged by DDP, and does each rank "
+        f"train on its own DistributedSampler shard?"
+    )
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_ranks_train_on_disjoint_shards_that_change_every_epoch(runs, backend):
+    """Each epoch the ranks get disjoint halves of the data, and set_epoch reshuffles them."""
+    _, folder = finished(runs)
+    shards = json.loads((folder / "out" / "metrics.json").read_text())["shards"]
+    assert len(shards) == EPOCHS and all(len(epoch) == 2 for epoch in shards), shards
+    for number, (rank0, rank1) in enumerate(shards):
+        assert len(rank0) == len(rank1) == TRAIN_IMAGES // 2, "each rank gets half the images"
+        assert not set(rank0) & set(rank1), f"epoch {number}: the ranks share samples"
+        assert set(rank0) | set(rank1) == set(range(TRAIN_IMAGES)), "the shards miss images"
+    for rank in (0, 1):
+        assert shards[0][rank] != shards[1][rank], (
+            f"rank {rank} sees the same samples in the same order every epoch: "
+            "call sampler.set_epoch(epoch) at the start of every epoch"
+        )
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_only_rank_0_writes_files_and_talks(runs, backend):
+    """Rank 0 alone writes the checkpoint and metrics and logs the epochs."""
+    result, folder = finished(runs)
+    assert sorted(p.name for p in (folder / "out").iterdir()) == ["ckpt.pt", "metrics.json"]
+    writes = (folder / "writes.log").read_text().split("\n")
+    writers = {line.split()[0] for line in writes if line}
+    assert writers == {"0"}, f"files written by rank(s) {sorted(writers)}, expected rank 0 only"
+    assert len([w for w in writes if w]) == EPOCHS + 1, "a checkpoint per epoch and the metrics"
+    logs = result.rank_logs
+    assert "test accuracy" in logs.get("rank0", ""), "rank 0 should log the epochs"
+    assert "test accuracy" not in logs.get("rank1", ""), "only rank 0 should log"
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_checkpoint_loads_into_the_plain_lesson_01_model(runs, backend):
+    """The checkpoint holds model.module's weights: no "module." prefix, a strict load works."""
+    _, folder = finished(runs)
+    state = final_state(folder)
+    prefixed = [key for key in state["model"] if key.startswith("module.")]
+    assert not prefixed, f"save model.module.state_dict(), not the DDP wrapper's: {prefixed[:2]}"
+    model = models.build_model("cnn", num_classes=10, in_channels=1, norm="none")
+    model.load_state_dict(state["model"], strict=True)
+    assert state["epoch"] == EPOCHS
+
+
+@pytest.mark.points(1)
+def test_log_states_the_global_batch(runs, backend):
+    """The log and the metrics state the global batch: per-rank batch x world size."""
+    result, folder = finished(runs)
+    metrics = json.loads((folder / "out" / "metrics.json").read_text())
+    assert metrics["world_size"] == 2
+    assert metrics["global_batch_size"] == 2 * PER_RANK_BATCH
+    assert f"global batch {2 * PER_RANK_BATCH}" in result.rank_logs.get("rank0", "")
+
+
+@pytest.mark.points(1)
+def test_sync_bn_without_cuda_is_refused_before_spawning(impl):
+    """--sync-bn with gloo is a one-line error before any process starts."""
+    train = load_lesson(impl, LESSON, requires=FUNCTIONS)
+    with pytest.raises(ValueError, match="nccl"):
+        train.main(["--sync-bn", "--backend", "gloo"])
+
+
+@pytest.mark.gpus(2)
+@pytest.mark.points(1)
+def test_sync_bn_on_two_gpus_equals_one_gpu_with_the_global_batch(impl, tmp_path):
+    """With BatchNorm, only SyncBatchNorm makes 2 x 64 equal to 1 x 128."""
+    jobs = {}
+    for name, nproc, batch, sync in (("ddp", 2, 64, ["--sync-bn"]), ("ref", 1, 128, [])):
+        folder = tmp_path / name
+        folder.mkdir()
+        extra = ["--batch-size", batch, "--checkpoint", "ckpt.pt", *sync]
+        jobs[name] = launch(impl, folder, *extra, nproc=nproc, backend="nccl")
+    results = procs.run_all(jobs)
+    for result in results.values():
+        if not result.ok:
+            pytest.fail(result.describe(), pytrace=False)
+    ddp, ref = (checkpoint.load(tmp_path / name / "ckpt.pt")["model"] for name in ("ddp", "ref"))
+    floats = [key for key, value in ref.items() if value.is_floating_point()]
+    worst = max((ddp[key] - ref[key]).abs().max().item() for key in floats)
+    print(f"largest difference, 2 GPUs with SyncBatchNorm vs 1 GPU: {worst:.2e}")
+    assert worst <= SYNC_BN_ATOL, f"differs by {worst:.2e} (allowed {SYNC_BN_ATOL:g})"

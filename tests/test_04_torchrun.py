@@ -1,0 +1,183 @@
+"""Grades lesson 04: torchrun, snapshots, elastic restarts (lessons/04_torchrun/train.py).
+
+Every launch is `torchrun --standalone --nproc_per_node=2` (as `python -m
+course run 04` builds it) training 2 epochs of 6 steps (per-rank batch 128),
+with a snapshot every 4 steps. Faults are injected through course.chaos's
+environment variables, on the first attempt only. Three launches start at
+once and are shared by the tests (cached per backend):
+
+  ref    no fault: the result every other run must reproduce, bit for bit
+  kill   rank 1 SIGKILLs itself after step 7; --max-restarts 1
+  crash  rank 0 SIGKILLs itself halfway through writing the 2nd snapshot
+         (step 8); --max-restarts 0, so the job fails
+
+and a fourth, `resume`, runs the same command again without a fault on a
+copy of the crash's folder, as soon as the crash has ended.
+The restart overhead (the kill's timestamp to the first step after the
+restart) is printed by test_restart_overhead_is_measured; it is a figure to
+read, never asserted against a time.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from course import checkpoint, lessons, procs
+from course.chaos import KILL_AT_STEP, KILL_IN_SAVE, KILL_RANK
+from course.cli import lesson_command
+from course.dist import WRITE_LOG_ENV
+from course.grading import load_lesson
+
+LESSON = lessons.get("04")
+FUNCTIONS = ("parse_args", "setup", "save_snapshot", "load_snapshot", "train", "main")
+STEPS, EVERY, KILL_STEP = 12, 4, 7
+ARGS = ["--epochs", "2", "--batch-size", "128", "--seed", "0", "--quiet"]
+ARGS += ["--snapshot", "snapshot.pt", "--snapshot-every", str(EVERY), "--checkpoint", "final.pt"]
+
+NAMES = ("ref", "kill", "crash", "resume")
+_runs: dict = {}
+
+
+def torchrun(impl, backend, folder, restarts, env=None):
+    """procs.run kwargs for one torchrun launch of the lesson in `folder`."""
+    command = lesson_command(LESSON, impl, 2, backend, ARGS, max_restarts=restarts)
+    return dict(
+        args=command,
+        timeout=150,
+        cwd=folder,
+        log_dir=folder / "ranks",
+        env={WRITE_LOG_ENV: str(folder / "writes.log"), **(env or {})},
+    )
+
+
+@pytest.fixture
+def runs(impl, backend, tmp_path_factory):
+    """{name: (RunResult, folder)} for ref, kill, crash and resume, launched once per backend.
+
+    ref, kill and crash start together; resume starts when crash ends, on a
+    copy of its folder (the crash's own folder stays as the crash left it)."""
+    if backend not in _runs:
+        folders = {name: tmp_path_factory.mktemp(f"{name}-{backend}") for name in NAMES}
+
+        def launch(name, restarts, env=None):
+            return procs.run(**torchrun(impl, backend, folders[name], restarts, env))
+
+        def crash_then_resume():
+            crash = launch("crash", 0, {KILL_IN_SAVE: "snapshot.pt:2"})
+            shutil.copytree(folders["crash"], folders["resume"], dirs_exist_ok=True)
+            shutil.rmtree(folders["resume"] / "ranks", ignore_errors=True)
+            return crash, launch("resume", 0)
+
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            ref = pool.submit(launch, "ref", 1)
+            kill = pool.submit(launch, "kill", 1, {KILL_RANK: "1", KILL_AT_STEP: str(KILL_STEP)})
+            crash, resume = pool.submit(crash_then_resume).result()
+            results = {"ref": ref.result(), "kill": kill.result(), "crash": crash, "resume": resume}
+        _runs[backend] = {name: (results[name], folders[name]) for name in NAMES}
+    return _runs[backend]
+
+
+def finished(runs, name):
+    result, folder = runs[name]
+    if not result.ok:
+        pytest.fail(result.describe(), pytrace=False)
+    return result, folder
+
+
+def assert_same_weights(folder, ref_folder):
+    got = checkpoint.load(folder / "final.pt")
+    want = checkpoint.load(ref_folder / "final.pt")
+    assert got["step"] == want["step"] == STEPS
+    different = [k for k in want["model"] if not torch.equal(got["model"][k], want["model"][k])]
+    # CPU and GPU alike (the lesson asks cuDNN for deterministic algorithms):
+    # the same operations in the same order give the same bits.
+    assert not different, f"not bit-identical to the uninterrupted run: {different[:3]}"
+
+
+def rank_log(result, rank):
+    return result.rank_logs.get(f"rank{rank}", "")
+
+
+@pytest.mark.core
+@pytest.mark.points(4)
+def test_killed_rank_is_restarted_and_the_result_is_bit_exact(runs, backend):
+    """Rank 1 is SIGKILLed after step 7; the restarted group resumes from the
+    step-4 snapshot and ends bit-identical to an uninterrupted run."""
+    result, folder = finished(runs, "kill")
+    _, ref_folder = finished(runs, "ref")
+    assert f"rank 1 killed after step {KILL_STEP}" in rank_log(result, 1), (
+        "the fault was not injected: call chaos.maybe_kill(rank, step) after every step"
+    )
+    assert re.search(r"resumed from .* at step 4\b", rank_log(result, 0)), (
+        f"the restarted group should resume from the step-4 snapshot\n{result.describe()}"
+    )
+    assert_same_weights(folder, ref_folder)
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_without_restarts_the_failure_names_the_rank_and_signal(runs, backend):
+    """With --max-restarts 0 torchrun fails; its report names rank 0, exit code -9, SIGKILL."""
+    result, _ = runs["crash"]
+    assert not result.timed_out, result.describe()
+    assert result.returncode != 0, "torchrun should fail when a rank dies and no restart is left"
+    summary = result.output
+    assert re.search(r"rank\s*:\s*0 \(local_rank: 0\)", summary), summary[-3000:]
+    assert re.search(r"exitcode\s*:\s*-9", summary) and "SIGKILL" in summary, summary[-3000:]
+
+
+@pytest.mark.core
+@pytest.mark.points(3)
+def test_kill_during_snapshot_write_keeps_the_previous_snapshot(runs, backend):
+    """A kill halfway through a snapshot write leaves the previous snapshot
+    loadable, and resuming from it ends bit-identical."""
+    crashed, folder = runs["crash"]
+    _, ref_folder = finished(runs, "ref")
+    assert "killed while writing snapshot.pt" in rank_log(crashed, 0), crashed.describe()
+    snapshot = checkpoint.load(folder / "snapshot.pt")  # loadable: the old one, whole
+    assert snapshot["step"] == EVERY, "the snapshot should still be the one from step 4"
+    partial = list(folder.glob(".snapshot.pt.*.tmp"))
+    assert partial, "the interrupted write should have left its temporary file"
+    with pytest.raises(Exception):  # noqa: B017 - any load error: the file is cut short
+        checkpoint.load(partial[0])
+    result, resumed = finished(runs, "resume")  # the same command again, without the fault
+    assert re.search(r"resumed from .* at step 4\b", rank_log(result, 0)), result.describe()
+    assert_same_weights(resumed, ref_folder)
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+def test_only_rank_0_writes_files(runs, backend):
+    """Rank 0 alone writes the snapshot and the checkpoint, of the plain model."""
+    _, folder = finished(runs, "ref")
+    writers = {line.split()[0] for line in (folder / "writes.log").read_text().splitlines()}
+    assert writers == {"0"}, f"files written by rank(s) {sorted(writers)}, expected rank 0 only"
+    assert sorted(p.name for p in folder.glob("*.pt")) == ["final.pt", "snapshot.pt"]
+    state = checkpoint.load(folder / "snapshot.pt")
+    assert state["step"] == STEPS and not any(k.startswith("module.") for k in state["model"])
+
+
+@pytest.mark.points(1)
+def test_restart_overhead_is_measured(runs, backend):
+    """Prints the time from the kill to the first step after the restart (never asserted)."""
+    result, _ = finished(runs, "kill")
+    killed = re.search(r"SIGKILL at t=([\d.]+)", rank_log(result, 1))
+    resumed = re.search(r"first step after the restart done at t=([\d.]+)", rank_log(result, 0))
+    assert killed and resumed, "expected the kill's and the first resumed step's timestamps"
+    overhead = float(resumed.group(1)) - float(killed.group(1))
+    print(f"restart overhead: {overhead:.2f} s from the kill to the first step after the restart")
+    assert overhead > 0
+
+
+@pytest.mark.points(1)
+def test_refuses_to_run_without_torchrun(impl, monkeypatch):
+    """Started without torchrun (no LOCAL_RANK), the script says how to start it."""
+    train = load_lesson(impl, LESSON, requires=FUNCTIONS)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with pytest.raises(ValueError, match="torchrun"):
+        train.main([])
