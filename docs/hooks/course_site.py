@@ -330,7 +330,7 @@ def render_lesson_card(number: str) -> str:
         if not (ROOT / rel).is_file():
             raise PluginError(f"lesson-card {number}: missing {rel}")
     return (
-        "| | |\n| --- | --- |\n"
+        f"| Lesson {number} | {lesson.title} |\n| --- | --- |\n"
         f"| Level | {lesson.level.capitalize()} |\n"
         f"| Starter (you edit this) | `{starter}` |\n"
         f"| Reference solution | `{solution}` |\n"
