@@ -145,7 +145,9 @@ if __name__ == "__main__":
 def test_rank_that_never_joins_a_collective_is_killed_with_its_group(tmp_path):
     script = tmp_path / "hang.py"
     script.write_text(HANG)
-    result = procs.python(script, timeout=25, log_dir=tmp_path / "ranks", cwd=tmp_path)
+    # Long enough for both ranks to start and print on a loaded 2-core machine
+    # (the lines below are asserted); the hang itself would last an hour.
+    result = procs.python(script, timeout=45, log_dir=tmp_path / "ranks", cwd=tmp_path)
     assert result.timed_out and not result.ok
     assert not procs.group_alive(result.pgid), "processes outlived the timeout"
     message = result.describe()
