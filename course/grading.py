@@ -14,8 +14,6 @@ GPUs) count neither way, and the table says how many were skipped.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ import pytest
 
 from course import lessons as registry
 from course import loader
+from course.files import write_json_atomic
 
 LESSON_FILE = re.compile(r"test_(\d\d)_")
 NOT_FINISHED = "did not finish: the test process crashed or was stopped"
@@ -192,11 +191,7 @@ class GradeBook:
             "impl": str(self.impl),
             "tests": tests,
         }
-        path = Path(self.path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(results, indent=2))
-        os.replace(tmp, path)  # readers never see a half-written file
+        write_json_atomic(results, self.path)  # a crash mid-write leaves the last version
 
     def pytest_sessionfinish(self, session):
         if self.path:

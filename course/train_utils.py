@@ -8,8 +8,6 @@ the training loop and the one change each lesson makes to it.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import sys
 from pathlib import Path
@@ -18,6 +16,7 @@ import numpy as np
 import torch
 
 from course.dist import record_write
+from course.files import write_json_atomic
 
 
 def seed_everything(seed: int) -> None:
@@ -99,11 +98,7 @@ def exit_with_one_line(main, argv=None, prog: str | None = None) -> int:
 
 def write_json(data, path: str | Path) -> Path:
     """Write `data` as JSON, atomically (a reader never sees half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    path = write_json_atomic(data, path)
     record_write(path)
     return path
 
