@@ -6,6 +6,7 @@ python -m course run 03 --nproc 2 --backend gloo -- --max-steps 20
 python -m course run 04 --nproc 2 --max-restarts 1 -- --snapshot runs/04/snap.pt
 python -m course grade 00 01               # grade your lessons, print the table
 python -m course grade --impl path/to/submission --grade-json results.json
+python -m course bench [--amp bf16 --channels-last]   # time lessons 01-04 side by side
 python -m course doctor                    # the reference environment report
 python -m course release [--check]         # regenerate lessons/ from solutions/
 """
@@ -48,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument("-n", "--workers", type=int, default=0, help="parallel pytest workers")
 
     sub.add_parser("doctor", help="print the environment report (lesson 00's reference)")
+    # Parsed by course.bench itself (python -m course bench --help); listed here for --help.
+    sub.add_parser("bench", help="time the lessons' own training side by side", add_help=False)
 
     rel = sub.add_parser("release", help="regenerate the starters in lessons/ from solutions/")
     rel.add_argument("--check", action="store_true", help="only report stale starters")
@@ -82,7 +85,8 @@ def _run(args) -> int:
     impl = lessons.resolve_impl(args.impl)
     command = lesson_command(lesson, impl, args.nproc, args.backend, args.extra, args.max_restarts)
     print("$", " ".join(command), flush=True)
-    return subprocess.call(command, env=procs.child_env())
+    # The student's own thread settings: each lesson shares the CPU itself.
+    return subprocess.call(command, env=procs.child_env(one_thread=False))
 
 
 def _grade(args) -> int:
@@ -131,6 +135,16 @@ def _release(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        from course import bench
+
+        try:
+            return bench.main(argv[1:])
+        except (lessons.UnknownLesson, FileNotFoundError, ValueError) as err:
+            print(f"python -m course bench: error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
     # Everything after `--` belongs to the lesson script, not to us.
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv

@@ -107,8 +107,18 @@ def kill_group(pgid: int, grace: float = 3.0) -> None:
 ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, **QUIET_ENV, **ELASTIC_ENV, **(extra or {}), **SAFE_GPU_ENV}
+def child_env(
+    extra: dict[str, str | None] | None = None, one_thread: bool = True
+) -> dict[str, str]:
+    """The environment for a child: the caller's, plus the course's settings.
+
+    one_thread=False leaves the thread count to the child, as a student's
+    shell would: `course run` and `course bench` launch lessons that way, so
+    a lesson that forgets to share the CPU between its ranks shows it.
+    """
+    threads = QUIET_ENV if one_thread else {"PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **threads, **ELASTIC_ENV, **(extra or {}), **SAFE_GPU_ENV}
+    env = {key: value for key, value in env.items() if value is not None}  # None: unset it
     # The lesson scripts import `course`; make that work for a student folder
     # anywhere on disk and on machines where the package is not pip-installed.
     paths = [str(REPO_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
@@ -123,6 +133,7 @@ def run(
     env: dict[str, str] | None = None,
     cwd: str | Path | None = None,
     log_dir: str | Path | None = None,
+    one_thread: bool = True,
 ) -> RunResult:
     """Run `args` to completion or until `timeout` seconds pass (scaled by
     COURSE_TIMEOUT_SCALE), then make sure nothing it started is still alive."""
@@ -140,7 +151,7 @@ def run(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=cwd,
-            env=child_env(extra),
+            env=child_env(extra, one_thread),
             start_new_session=True,
         )
         pgid = proc.pid

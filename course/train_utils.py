@@ -106,3 +106,20 @@ def write_json(data, path: str | Path) -> Path:
 def show_progress(quiet: bool) -> bool:
     """A progress bar only for a person watching: not with --quiet, not into a log file."""
     return not quiet and sys.stderr.isatty()
+
+
+def add_speed_options(parser: argparse.ArgumentParser) -> None:
+    """--amp and --channels-last, the two switches `python -m course bench` compares.
+
+    Both change speed, not what is computed in any way that matters for
+    training: bf16 autocast runs matrix products and convolutions on Tensor
+    Cores in bfloat16 (weights and the optimizer stay fp32), and channels-last
+    (NHWC) is the layout those convolution kernels read fastest.
+    """
+    parser.add_argument("--amp", choices=("off", "bf16"), default="off", help="bf16 autocast")
+    parser.add_argument("--channels-last", action="store_true", help="NHWC memory layout")
+
+
+def memory_format(args) -> torch.memory_format:
+    """The layout --channels-last asks for, for `model.to(memory_format=...)`."""
+    return torch.channels_last if args.channels_last else torch.preserve_format

@@ -20,7 +20,7 @@ from course import checkpoint, lessons, models, procs
 from course.grading import load_lesson
 
 LESSON = lessons.get("02")
-FUNCTIONS = ("wrap_model", "unwrap", "checkpoint_state", "restore", "benchmark", "main")
+FUNCTIONS = ("wrap_model", "unwrap", "checkpoint_state", "restore", "main")
 
 
 @pytest.fixture
@@ -101,13 +101,12 @@ def test_script_checkpoint_has_plain_keys(cpu_run):
 
 
 @pytest.mark.points(1)
-def test_benchmark_on_cpu_measures_the_baseline(dp, tmp_path, capsys):
-    out = tmp_path / "bench.json"
-    argv = ["--benchmark", "--device", "cpu", "--steps", "2", "--warmup", "1"]
-    dp.main([*argv, "--batch-size", "8", "--metrics-out", str(out)])
-    assert "DataParallel needs at least 2 GPUs" in capsys.readouterr().out
-    (row,) = json.loads(out.read_text())["benchmark"]
-    assert row["mode"] == "single" and row["images_per_second"] > 0
+def test_trains_with_bf16_autocast_and_channels_last(impl, run_script, tmp_path):
+    """--amp bf16 --channels-last (what `python -m course bench` varies) still learns."""
+    args = ["--device", "cpu", "--epochs", "2", "--quiet", "--amp", "bf16", "--channels-last"]
+    run_script(LESSON.path(impl), *args, "--metrics-out", "m.json", timeout=90)
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["final_accuracy"] >= 0.8, metrics["final_accuracy"]
 
 
 @pytest.mark.points(1)
@@ -131,7 +130,7 @@ def test_data_parallel_matches_one_device(dp, monkeypatch):
     """
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # the benchmark turns it on
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # --cudnn-benchmark turns it on
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     torch.manual_seed(0)
     single = models.build_model("cnn", 10, 3).cuda(0).eval()
@@ -151,7 +150,7 @@ def test_data_parallel_matches_one_device(dp, monkeypatch):
 
 @pytest.mark.gpus(2)
 @pytest.mark.points(2)
-def test_trains_and_benchmarks_on_two_gpus(impl, run_script, tmp_path):
+def test_trains_on_two_gpus(impl, run_script, tmp_path):
     path = LESSON.path(impl)
     # 32 per GPU: the global batch of 64 that lesson 01 reaches 95+ % with.
     args = ["--device", "cuda", "--gpus", "2", "--batch-size", "32", "--epochs", "4", "--quiet"]
@@ -160,9 +159,3 @@ def test_trains_and_benchmarks_on_two_gpus(impl, run_script, tmp_path):
     assert metrics["data_parallel"] is True and metrics["global_batch_size"] == 64
     assert metrics["final_accuracy"] >= 0.9
     models.build_model("cnn", 10, 1).load_state_dict(checkpoint.load(tmp_path / "c.pt")["model"])
-    bench = ["--benchmark", "--gpus", "2", "--steps", "5", "--warmup", "2"]
-    run_script(path, *bench, "--metrics-out", "b.json", timeout=120)
-    rows = {r["mode"]: r for r in json.loads((tmp_path / "b.json").read_text())["benchmark"]}
-    assert set(rows) == {"single", "DataParallel"}
-    assert set(rows["DataParallel"]["peak_memory_gib"]) == {"cuda:0", "cuda:1"}
-    assert rows["DataParallel"]["peak_memory_gib"]["cuda:1"] > 0  # the replica ran there

@@ -175,3 +175,45 @@ def test_sync_bn_on_two_gpus_equals_one_gpu_with_the_global_batch(impl, tmp_path
     worst = max((ddp[key] - ref[key]).abs().max().item() for key in floats)
     print(f"largest difference, 2 GPUs with SyncBatchNorm vs 1 GPU: {worst:.2e}")
     assert worst <= SYNC_BN_ATOL, f"differs by {worst:.2e} (allowed {SYNC_BN_ATOL:g})"
+
+
+# --- speed: two GPUs must beat one -----------------------------------------------------
+
+SPEEDUP_FLOOR = 1.5  # two ranks against one; measured figures in the docstring
+
+
+@pytest.mark.gpus(2)
+@pytest.mark.points(2)
+def test_two_gpus_train_at_least_1_5x_faster_than_one(impl):
+    """Lessons 03 and 04 train ResNet-50 ≥ 1.5x faster on two GPUs than on one.
+
+    Launched as their pages say (`train.py --nproc N`, `torchrun
+    --nproc_per_node=N`) in a fresh shell's environment: without the
+    grader's OMP_NUM_THREADS=1, which would hide a lesson that lets every rank
+    start one thread per core. Throughput is the median of timed windows
+    after warm-up (course/step_clock.py), and each ratio compares two runs of
+    this test, never a fixed time. A lesson whose ranks each start one
+    OpenMP thread per core ran several times slower on two GPUs than on one.
+    """
+    from course import bench
+
+    settings = bench.Settings("cuda", 2, "resnet50", 224, 64, "off", False)
+    timing = dict(window=5, warmup=2, windows=3)
+    seen = {}
+    for lesson, label in (("03", "DDP, mp.spawn"), ("04", "DDP, torchrun")):
+        for n in (1, 2):
+            extra = ["--nproc", str(n)] if lesson == "03" else []
+            row = bench.Row(lesson, lesson, label, n, [*extra, "--backend", "nccl"], **timing)
+            record = bench.measure(row, impl, settings, timeout=240, fresh_threads=True)
+            if not record["ok"]:
+                pytest.fail(f"lesson {lesson} on {n} GPU(s):\n{record['error']}", pytrace=False)
+            seen[lesson, n] = record["samples_per_s"]
+    for lesson in ("03", "04"):
+        one, two = seen[lesson, 1], seen[lesson, 2]
+        print(f"lesson {lesson}: 1 GPU {one:,.0f} img/s, 2 GPUs {two:,.0f} img/s, {two / one:.2f}x")
+        assert two >= SPEEDUP_FLOOR * one, (
+            f"lesson {lesson}: two GPUs trained at {two:,.0f} img/s, one at {one:,.0f} img/s "
+            f"({two / one:.2f}x, expected at least {SPEEDUP_FLOOR}x). Likely cause: every rank "
+            f"uses all the CPU cores (torch.set_num_threads), or the input pipeline starves the "
+            f"GPUs (see the lesson's page, 'How fast should it be?')"
+        )

@@ -2,9 +2,7 @@
 
     python lessons/02_data_parallel/train_dp.py                       # all visible GPUs, or the CPU
     python lessons/02_data_parallel/train_dp.py --device cpu --epochs 3 --checkpoint runs/02.pt
-    python lessons/02_data_parallel/train_dp.py --benchmark --metrics-out runs/02-bench.json
-    python lessons/02_data_parallel/train_dp.py --benchmark --model resnet50 --batch-size 128 \
-        --amp bf16 --channels-last --steps 30 --warmup 10 --metrics-out runs/02-bench.json  # GPUs
+    python -m course bench --lessons 01 02                           # one GPU vs DataParallel
     python -m course grade 02                                         # grade your version
 
 This is lesson 01's loop with one change: the model is wrapped in
@@ -34,13 +32,14 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 from tqdm import tqdm
 
 from course import checkpoint, data, models
 from course.train_utils import (
     ArgumentParser,
+    add_speed_options,
     exit_with_one_line,
+    memory_format,
     non_negative_int,
     pick_device,
     positive_float,
@@ -69,15 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--metrics-out", help="write per-epoch metrics here as JSON")
     p.add_argument("--num-workers", type=non_negative_int, help="DataLoader worker processes")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    bench = p.add_argument_group("benchmark: single GPU vs DataParallel, on synthetic data")
-    bench.add_argument("--benchmark", action="store_true", help="measure instead of training")
-    bench.add_argument("--steps", type=positive_int, default=20, help="timed steps per mode")
-    bench.add_argument("--warmup", type=non_negative_int, default=5, help="untimed steps first")
-    bench.add_argument("--amp", choices=("off", "bf16"), default="off", help="bf16 autocast")
-    bench.add_argument("--channels-last", action="store_true", help="NHWC memory format")
-    bench.add_argument(
-        "--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms (see below)"
-    )
+    add_speed_options(p)  # --amp bf16, --channels-last (what `python -m course bench` varies)
+    p.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN autotuner (see main)")
     args = p.parse_args(argv)
     if args.resume and not args.checkpoint:
         p.error("--resume needs --checkpoint PATH")
@@ -86,24 +78,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # --8<-- [start:loaders]
 def make_loaders(train_set, test_set, args, device: torch.device, batch_size: int):
-    # Worker processes decode images in parallel with training. They are a loss
-    # when the data is already tensors in memory (digits, synthetic) or when the
-    # model trains on the same CPU cores the workers would take.
-    workers = args.num_workers
-    if workers is None:
-        in_memory = isinstance(train_set, TensorDataset)
-        workers = 0 if in_memory or device.type == "cpu" else 4
     # A generator we reseed every epoch (seed + epoch) decides the shuffle, so a
     # resumed run shuffles epoch k exactly as an uninterrupted run would,
     # whatever else has drawn from the global RNG in between.
     shuffle_gen = torch.Generator()
-    common = dict(
-        batch_size=batch_size,  # the global batch: DataParallel splits it across the GPUs
-        num_workers=workers,
-        pin_memory=device.type == "cuda",  # page-locked memory: faster, async copies to a GPU
-    )
-    train = DataLoader(train_set, shuffle=True, generator=shuffle_gen, **common)
-    test = DataLoader(test_set, shuffle=False, **common)
+    # batch_size is the global batch: DataParallel splits it across the GPUs.
+    # data.loader: workers and pinned memory only where they help (lesson 01).
+    train = data.loader(
+        train_set, batch_size, device, num_workers=args.num_workers,
+        shuffle=True, generator=shuffle_gen,
+    )  # fmt: skip
+    test = data.loader(test_set, batch_size, device, num_workers=args.num_workers)
     return train, test, shuffle_gen
 
 
@@ -111,8 +96,10 @@ def make_loaders(train_set, test_set, args, device: torch.device, batch_size: in
 
 
 # --8<-- [start:train_step]
-def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=False):
-    """One pass over `loader` (or `max_steps` steps); returns (mean loss, images, steps)."""
+def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=False, amp=False):
+    """One pass over `loader` (or `max_steps` steps); returns (mean loss, images, steps).
+
+    amp: run the forward pass and the loss under bf16 autocast (in every replica)."""
     model.train()  # BatchNorm uses batch statistics and updates its running ones
     total_loss = torch.zeros((), device=device)
     images_seen = steps = 0
@@ -122,8 +109,9 @@ def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=F
         # non_blocking: with pinned memory the copy overlaps with the GPU's work.
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
-        logits = model(images)
-        loss = F.cross_entropy(logits, labels)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -168,7 +156,7 @@ def wrap_model(model: nn.Module, device_ids: list[int]) -> nn.Module:
     # device_ids=device_ids, output_device=device_ids[0]) (the model must
     # already be on cuda:<device_ids[0]>); otherwise return `model` itself:
     # DataParallel over one GPU only adds the cost of the scatter and gather.
-    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:171 is not done yet")
+    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:159 is not done yet")
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -177,7 +165,7 @@ def unwrap(model: nn.Module) -> nn.Module:
     # state_dict() names every weight "module.<name>": a checkpoint saved
     # from it would not load into a plain model. Return model.module for a
     # DataParallel (isinstance(model, nn.DataParallel)), else the model.
-    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:180 is not done yet")
+    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:168 is not done yet")
 
 
 # --8<-- [end:wrap]
@@ -237,11 +225,18 @@ def describe(device_ids: list[int], device: torch.device) -> str:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     device = pick_device(args.device)
-    if args.benchmark:
-        return benchmark(args, device)
+    # cuDNN's autotuner times every convolution algorithm for each new shape
+    # and keeps the fastest, in a cache that is per *thread*. One GPU trains in
+    # one thread and pays once; DataParallel runs each replica in a new thread
+    # at every forward pass, so with the autotuner on it tunes again at every
+    # step (see the page for what that cost on 2x H200). Off unless asked.
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     seed_everything(args.seed)
     train_set, test_set, num_classes, channels = data.build_datasets(
-        args.data, args.data_dir, args.image_size
+        args.data,
+        args.data_dir,
+        args.image_size,
+        device,  # tensors go to cuda:0 once
     )
     device_ids = device_ids_for(device, args.gpus)
     global_batch = args.batch_size * max(1, len(device_ids))
@@ -249,7 +244,8 @@ def main(argv=None) -> dict:
         train_set, test_set, args, device, global_batch
     )
     # The replicas are copied from the module on device_ids[0], so it must live there.
-    model = wrap_model(models.build_model(args.model, num_classes, channels).to(device), device_ids)
+    model = models.build_model(args.model, num_classes, channels)
+    model = wrap_model(model.to(device, memory_format=memory_format(args)), device_ids)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
 
     start_epoch = step = 0
@@ -270,8 +266,9 @@ def main(argv=None) -> dict:
             break
         tic = time.perf_counter()
         train_loss, images, steps = train_one_epoch(
-            model, train_loader, optimizer, device, left, show_progress(args.quiet)
-        )
+            model, train_loader, optimizer, device, left, show_progress(args.quiet),
+            amp=args.amp == "bf16",
+        )  # fmt: skip
         seconds = time.perf_counter() - tic  # .item() in train_one_epoch waited for the GPU
         step += steps
         images_total += images
@@ -312,98 +309,6 @@ def main(argv=None) -> dict:
 
 
 # --8<-- [end:main]
-
-
-# --8<-- [start:benchmark]
-def time_training(model, batch_size, args, device, device_ids) -> dict:
-    """Images/s and per-GPU peak memory of `args.steps` training steps on one fixed batch."""
-    size = args.image_size or (224 if args.model == "resnet50" else 32)
-    x = torch.randn(batch_size, 3, size, size, device=device)
-    y = torch.randint(0, 10, (batch_size,), device=device)
-    if args.channels_last:  # NHWC: the layout Tensor Core convolutions read fastest
-        model = model.to(memory_format=torch.channels_last)
-        x = x.contiguous(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16")
-
-    def step():
-        with amp:
-            loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-    gpus = device_ids or ([device.index or 0] if device.type == "cuda" else [])
-    for _ in range(args.warmup):  # cuDNN autotuning, allocator growth, lazy init
-        step()
-    for i in gpus:
-        torch.cuda.synchronize(i)
-        torch.cuda.reset_peak_memory_stats(i)
-    tic = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    for i in gpus:  # kernels run asynchronously: wait for them before reading the clock
-        torch.cuda.synchronize(i)
-    seconds = time.perf_counter() - tic
-    memory = {f"cuda:{i}": torch.cuda.max_memory_allocated(i) / 2**30 for i in device_ids or gpus}
-    return {
-        "gpus": max(1, len(device_ids)),
-        "global_batch": batch_size,
-        "images_per_second": batch_size * args.steps / seconds,
-        "step_ms": 1000 * seconds / args.steps,
-        "peak_memory_gib": memory,
-    }
-
-
-def benchmark(args, device: torch.device) -> dict:
-    """Single device vs DataParallel on synthetic data; prints a table, writes --metrics-out."""
-    all_ids = device_ids_for(device, args.gpus)
-    # cuDNN's autotuner ("benchmark" mode) picks the fastest convolution for
-    # fixed shapes, once per thread: its plan cache is thread-local. One GPU
-    # trains in one thread and pays once. DataParallel runs each replica in a
-    # new thread on every forward, so with it on, every step autotunes again.
-    # Off by default so the two modes are compared on equal terms.
-    torch.backends.cudnn.benchmark = args.cudnn_benchmark
-    first = all_ids[:1]  # the single-GPU baseline runs on the first of them
-    modes = [("single", first)]
-    if len(all_ids) >= 2:
-        modes.append(("DataParallel", all_ids))
-    else:
-        print(f"{describe(all_ids, device)}: measuring the single-device baseline only")
-    rows = []
-    for name, ids in modes:
-        torch.manual_seed(args.seed)  # the same initial weights in every mode
-        model = wrap_model(models.build_model(args.model, 10, 3).to(device), ids)
-        row = time_training(model, args.batch_size * max(1, len(ids)), args, device, all_ids)
-        rows.append({"mode": name, **row})
-        del model
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    base = rows[0]["images_per_second"]
-    print(f"{'mode':<14}{'GPUs':>5}{'batch':>7}{'img/s':>10}{'step ms':>9}{'speedup':>9}  peak GiB")
-    for r in rows:
-        r["speedup"] = r["images_per_second"] / base
-        memory = " ".join(f"{v:.2f}" for v in r["peak_memory_gib"].values()) or "-"
-        print(
-            f"{r['mode']:<14}{r['gpus']:>5}{r['global_batch']:>7}{r['images_per_second']:>10,.0f}"
-            f"{r['step_ms']:>9.1f}{r['speedup']:>9.2f}  {memory}"
-        )
-    result = {
-        "benchmark": rows,
-        "model": args.model,
-        "per_gpu_batch": args.batch_size,
-        "amp": args.amp,
-        "channels_last": args.channels_last,
-        "device": str(device),
-        "gpu_names": [torch.cuda.get_device_name(i) for i in all_ids],
-        "torch": torch.__version__,
-    }
-    if args.metrics_out:
-        write_json(result, args.metrics_out)
-    return result
-
-
-# --8<-- [end:benchmark]
 
 
 if __name__ == "__main__":

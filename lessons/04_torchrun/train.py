@@ -43,14 +43,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
 from course import chaos, checkpoint, data, models
-from course.dist import process_group_timeout, redirect_output_for_rank
+from course.dist import cpu_share, process_group_timeout, redirect_output_for_rank
 from course.train_utils import (
     ArgumentParser,
+    add_speed_options,
     exit_with_one_line,
+    memory_format,
     non_negative_int,
     positive_float,
     positive_int,
@@ -81,6 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--record-shards", action="store_true", help="metrics: each rank's samples")
     p.add_argument("--num-workers", type=non_negative_int, help="DataLoader worker processes")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_speed_options(p)  # --amp bf16, --channels-last (what `python -m course bench` varies)
     return p.parse_args(argv)
 
 
@@ -94,7 +97,7 @@ def setup(backend: str) -> tuple[int, int, int, torch.device]:
     # exist), else the CPU. As in lesson 03, set the GPU as the current device
     # before init_process_group; call it without rank, world_size or an
     # init_method: its default, "env://", reads them and MASTER_ADDR/PORT.
-    raise NotImplementedError("TODO at 04_torchrun/train.py:97 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:100 is not done yet")
     # Bit-identical resumes on GPUs also need deterministic kernels: cuDNN may
     # otherwise pick a different (or atomics-based) convolution algorithm.
     torch.backends.cudnn.deterministic = True
@@ -125,20 +128,12 @@ class ResumableSampler(DistributedSampler):
 
 
 def make_loaders(train_set, test_set, args, device: torch.device, rank: int, world_size: int):
-    workers = args.num_workers
-    if workers is None:
-        in_memory = isinstance(train_set, TensorDataset)
-        workers = 0 if in_memory or device.type == "cpu" else 4
     sampler = ResumableSampler(
         train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed
     )
-    common = dict(
-        batch_size=args.batch_size,
-        num_workers=workers,
-        pin_memory=device.type == "cuda",  # page-locked memory: faster, async copies to a GPU
-    )
-    train = DataLoader(train_set, sampler=sampler, drop_last=False, **common)
-    test = DataLoader(test_set, shuffle=False, **common)  # rank 0 evaluates on all of it
+    workers = args.num_workers
+    train = data.loader(train_set, args.batch_size, device, num_workers=workers, sampler=sampler)
+    test = data.loader(test_set, args.batch_size, device, num_workers=workers)  # rank 0's
     return train, test, sampler
 
 
@@ -146,10 +141,13 @@ def make_loaders(train_set, test_set, args, device: torch.device, rank: int, wor
 
 
 # --8<-- [start:train_step]
-def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=False, on_step=None):
+def train_one_epoch(
+    model, loader, optimizer, device, max_steps=None, progress=False, on_step=None, amp=False
+):
     """One pass over `loader` (or `max_steps` steps); returns (mean loss, images, steps).
 
-    on_step(steps) runs after every optimizer step: snapshots happen there."""
+    on_step(steps) runs after every optimizer step: snapshots happen there.
+    amp: run the forward pass and the loss under bf16 autocast."""
     model.train()  # BatchNorm uses batch statistics and updates its running ones
     total_loss = torch.zeros((), device=device)
     images_seen = steps = 0
@@ -159,8 +157,9 @@ def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=F
         # non_blocking: with pinned memory the copy overlaps with the GPU's work.
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
-        logits = model(images)
-        loss = F.cross_entropy(logits, labels)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # DDP all-reduces the gradients, bucket by bucket, during this call
         optimizer.step()
@@ -226,7 +225,7 @@ def save_snapshot(path, model, optimizer, epoch: int, batches_done: int, step: i
     # (batches of that epoch already trained), "step", "rng" (the list) and
     # "world_size". checkpoint.save writes a temporary file and renames it:
     # a crash mid-write leaves the previous snapshot intact.
-    raise NotImplementedError("TODO at 04_torchrun/train.py:229 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:228 is not done yet")
     # No barrier: only a restarted group reads the file, and torchrun restarts a
     # group only after every process of the old one has exited.
 
@@ -238,7 +237,7 @@ def load_snapshot(path, model, optimizer, device) -> tuple[int, int, int]:
     # load the model's (model.module) and the optimizer's state, this rank's
     # random generators (checkpoint.set_rng_state(state["rng"][rank])), and
     # return (epoch, batches_done, step).
-    raise NotImplementedError("TODO at 04_torchrun/train.py:241 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:240 is not done yet")
 
 
 # --8<-- [end:snapshot]
@@ -257,9 +256,10 @@ def build_ddp_model(args, num_classes, channels, device):
     # input tensor to be on GPU"), so --sync-bn needs nccl.
     if args.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model = model.to(device)
+    model = model.to(device, memory_format=memory_format(args))
     # TODO: wrap the model in DDP. device_ids=[device.index] on a GPU (the one
-    # device this replica lives on), None on the CPU.
+    # device this replica lives on), None on the CPU. Optional, for speed:
+    # gradient_as_bucket_view=True (see the page, "How fast should it be?").
     raise NotImplementedError("TODO at 04_torchrun/train.py:263 is not done yet")
     return ddp
 
@@ -280,7 +280,10 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
     log = print if rank == 0 else (lambda *_: None)  # one voice: rank 0 talks, the others work
     seed_everything(args.seed)  # the same seed on every rank: the same split and initial weights
     train_set, test_set, num_classes, channels = data.build_datasets(
-        args.data, args.data_dir, args.image_size
+        args.data,
+        args.data_dir,
+        args.image_size,
+        device,  # tensors go to the device once
     )
     train_loader, test_loader, sampler = make_loaders(
         train_set, test_set, args, device, rank, world_size
@@ -310,7 +313,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
         # TODO: make the sampler skip what this epoch already trained: set
         # sampler.skip to `skip` batches' worth of indices (skip x batch size),
         # then reset `skip` to 0 so the following epochs start at the top.
-        raise NotImplementedError("TODO at 04_torchrun/train.py:313 is not done yet")
+        raise NotImplementedError("TODO at 04_torchrun/train.py:316 is not done yet")
         if args.record_shards:
             metrics["shards"].append(gather_shards(train_loader.sampler))
         left = None if args.max_steps is None else args.max_steps - step
@@ -333,7 +336,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
         tic = time.perf_counter()
         train_loss, images, steps = train_one_epoch(
             model, train_loader, optimizer, device, left, rank == 0 and show_progress(args.quiet),
-            after_step,
+            after_step, amp=args.amp == "bf16",
         )  # fmt: skip
         seconds = time.perf_counter() - tic  # .item() in train_one_epoch waited for the GPU
         # Each rank knows its own shard's loss and count: add them up over the ranks.
@@ -405,6 +408,9 @@ def main(argv=None) -> None:
         # torchrun's shared store can hand a restarted group the old attempt's
         # addresses (pytorch/pytorch#135712, #167288): restarts then fail to connect.
         print("warning: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for reliable restarts")
+    # torchrun already sets OMP_NUM_THREADS=1 for several ranks per machine;
+    # cpu_share respects it (lesson 03 explains why each rank needs a share).
+    torch.set_num_threads(cpu_share(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     rank, _local_rank, world_size, device = setup(backend)
     try:
         train(rank, world_size, device, args)

@@ -26,13 +26,14 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
 from tqdm import tqdm
 
 from course import checkpoint, data, models
 from course.train_utils import (
     ArgumentParser,
+    add_speed_options,
     exit_with_one_line,
+    memory_format,
     non_negative_int,
     pick_device,
     positive_float,
@@ -60,6 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--metrics-out", help="write per-epoch metrics here as JSON")
     p.add_argument("--num-workers", type=non_negative_int, help="DataLoader worker processes")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_speed_options(p)  # --amp bf16, --channels-last (what `python -m course bench` varies)
     args = p.parse_args(argv)
     if args.resume and not args.checkpoint:
         p.error("--resume needs --checkpoint PATH")
@@ -68,24 +70,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # --8<-- [start:loaders]
 def make_loaders(train_set, test_set, args, device: torch.device):
-    # Worker processes decode images in parallel with training. They are a loss
-    # when the data is already tensors in memory (digits, synthetic) or when the
-    # model trains on the same CPU cores the workers would take.
-    workers = args.num_workers
-    if workers is None:
-        in_memory = isinstance(train_set, TensorDataset)
-        workers = 0 if in_memory or device.type == "cpu" else 4
     # A generator we reseed every epoch (seed + epoch) decides the shuffle, so a
     # resumed run shuffles epoch k exactly as an uninterrupted run would,
     # whatever else has drawn from the global RNG in between.
     shuffle_gen = torch.Generator()
-    common = dict(
-        batch_size=args.batch_size,
-        num_workers=workers,
-        pin_memory=device.type == "cuda",  # page-locked memory: faster, async copies to a GPU
-    )
-    train = DataLoader(train_set, shuffle=True, generator=shuffle_gen, **common)
-    test = DataLoader(test_set, shuffle=False, **common)
+    # data.loader picks workers and pinned memory for where the data lives (see
+    # course/data.py): tensors already on the GPU need neither.
+    train = data.loader(
+        train_set, args.batch_size, device, num_workers=args.num_workers,
+        shuffle=True, generator=shuffle_gen,
+    )  # fmt: skip
+    test = data.loader(test_set, args.batch_size, device, num_workers=args.num_workers)
     return train, test, shuffle_gen
 
 
@@ -93,8 +88,10 @@ def make_loaders(train_set, test_set, args, device: torch.device):
 
 
 # --8<-- [start:train_step]
-def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=False):
-    """One pass over `loader` (or `max_steps` steps); returns (mean loss, images, steps)."""
+def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=False, amp=False):
+    """One pass over `loader` (or `max_steps` steps); returns (mean loss, images, steps).
+
+    amp: run the forward pass and the loss under bf16 autocast."""
     model.train()  # BatchNorm uses batch statistics and updates its running ones
     total_loss = torch.zeros((), device=device)
     images_seen = steps = 0
@@ -109,8 +106,9 @@ def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=F
         # (optimizer.zero_grad), backpropagate (loss.backward()) and update the
         # weights (optimizer.step()). Keep the loss in a variable named `loss`.
         ### BEGIN SOLUTION
-        logits = model(images)
-        loss = F.cross_entropy(logits, labels)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -192,10 +190,14 @@ def main(argv=None) -> dict:
     device = pick_device(args.device)
     seed_everything(args.seed)
     train_set, test_set, num_classes, channels = data.build_datasets(
-        args.data, args.data_dir, args.image_size
+        args.data,
+        args.data_dir,
+        args.image_size,
+        device,  # tensors go to the device once
     )
     train_loader, test_loader, shuffle_gen = make_loaders(train_set, test_set, args, device)
-    model = models.build_model(args.model, num_classes, channels).to(device)
+    model = models.build_model(args.model, num_classes, channels)
+    model = model.to(device, memory_format=memory_format(args))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
 
     start_epoch = step = 0
@@ -214,8 +216,9 @@ def main(argv=None) -> dict:
             break
         tic = time.perf_counter()
         train_loss, images, steps = train_one_epoch(
-            model, train_loader, optimizer, device, left, show_progress(args.quiet)
-        )
+            model, train_loader, optimizer, device, left, show_progress(args.quiet),
+            amp=args.amp == "bf16",
+        )  # fmt: skip
         seconds = time.perf_counter() - tic  # .item() in train_one_epoch waited for the GPU
         step += steps
         images_total += images

@@ -39,14 +39,16 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
 from course import checkpoint, data, models
-from course.dist import free_port, process_group_timeout, redirect_output_for_rank
+from course.dist import cpu_share, free_port, process_group_timeout, redirect_output_for_rank
 from course.train_utils import (
     ArgumentParser,
+    add_speed_options,
     exit_with_one_line,
+    memory_format,
     non_negative_int,
     positive_float,
     positive_int,
@@ -77,6 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--record-shards", action="store_true", help="metrics: each rank's samples")
     p.add_argument("--num-workers", type=non_negative_int, help="DataLoader worker processes")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_speed_options(p)  # --amp bf16, --channels-last (what `python -m course bench` varies)
     args = p.parse_args(argv)
     if args.resume and not args.checkpoint:
         p.error("--resume needs --checkpoint PATH")
@@ -113,13 +116,6 @@ def setup(rank: int, world_size: int, backend: str) -> torch.device:
 
 # --8<-- [start:loaders]
 def make_loaders(train_set, test_set, args, device: torch.device, rank: int, world_size: int):
-    # Worker processes decode images in parallel with training. They are a loss
-    # when the data is already tensors in memory (digits, synthetic) or when the
-    # model trains on the same CPU cores the workers would take.
-    workers = args.num_workers
-    if workers is None:
-        in_memory = isinstance(train_set, TensorDataset)
-        workers = 0 if in_memory or device.type == "cpu" else 4
     # TODO: a DistributedSampler over train_set for this rank: shuffle=True
     # and seed=args.seed. It shuffles all indices with the same seed on every
     # rank and gives rank r every world_size-th one from position r: disjoint
@@ -131,14 +127,11 @@ def make_loaders(train_set, test_set, args, device: torch.device, rank: int, wor
         train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed
     )
     ### END SOLUTION
-    common = dict(
-        batch_size=args.batch_size,
-        num_workers=workers,
-        pin_memory=device.type == "cuda",  # page-locked memory: faster, async copies to a GPU
-    )
     # The sampler does the shuffling now (shuffle= and sampler= are exclusive).
-    train = DataLoader(train_set, sampler=sampler, drop_last=False, **common)
-    test = DataLoader(test_set, shuffle=False, **common)  # rank 0 evaluates on all of it
+    # data.loader: workers and pinned memory only where they help (lesson 01).
+    workers = args.num_workers
+    train = data.loader(train_set, args.batch_size, device, num_workers=workers, sampler=sampler)
+    test = data.loader(test_set, args.batch_size, device, num_workers=workers)  # rank 0's
     return train, test, sampler
 
 
@@ -146,8 +139,10 @@ def make_loaders(train_set, test_set, args, device: torch.device, rank: int, wor
 
 
 # --8<-- [start:train_step]
-def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=False):
-    """One pass over `loader` (or `max_steps` steps); returns (mean loss, images, steps)."""
+def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=False, amp=False):
+    """One pass over `loader` (or `max_steps` steps); returns (mean loss, images, steps).
+
+    amp: run the forward pass and the loss under bf16 autocast."""
     model.train()  # BatchNorm uses batch statistics and updates its running ones
     total_loss = torch.zeros((), device=device)
     images_seen = steps = 0
@@ -157,8 +152,9 @@ def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=F
         # non_blocking: with pinned memory the copy overlaps with the GPU's work.
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
-        logits = model(images)
-        loss = F.cross_entropy(logits, labels)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # DDP all-reduces the gradients, bucket by bucket, during this call
         optimizer.step()
@@ -232,11 +228,19 @@ def build_ddp_model(args, num_classes, channels, device):
     # input tensor to be on GPU"), so --sync-bn needs nccl.
     if args.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model = model.to(device)
+    model = model.to(device, memory_format=memory_format(args))
     # TODO: wrap the model in DDP. device_ids=[device.index] on a GPU (the one
-    # device this replica lives on), None on the CPU.
+    # device this replica lives on), None on the CPU. Optional, for speed:
+    # gradient_as_bucket_view=True (see the page, "How fast should it be?").
     ### BEGIN SOLUTION
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    ddp = DDP(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        # The gradients live inside DDP's all-reduce buckets instead of being
+        # copied into them and back: two copies per parameter per step fewer,
+        # which counts when the CPU can barely launch kernels fast enough.
+        gradient_as_bucket_view=True,
+    )
     ### END SOLUTION
     return ddp
 
@@ -257,7 +261,10 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
     log = print if rank == 0 else (lambda *_: None)  # one voice: rank 0 talks, the others work
     seed_everything(args.seed)  # the same seed on every rank: the same split and initial weights
     train_set, test_set, num_classes, channels = data.build_datasets(
-        args.data, args.data_dir, args.image_size
+        args.data,
+        args.data_dir,
+        args.image_size,
+        device,  # tensors go to the device once
     )
     train_loader, test_loader, sampler = make_loaders(
         train_set, test_set, args, device, rank, world_size
@@ -292,8 +299,9 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
             break
         tic = time.perf_counter()
         train_loss, images, steps = train_one_epoch(
-            model, train_loader, optimizer, device, left, rank == 0 and show_progress(args.quiet)
-        )
+            model, train_loader, optimizer, device, left, rank == 0 and show_progress(args.quiet),
+            amp=args.amp == "bf16",
+        )  # fmt: skip
         seconds = time.perf_counter() - tic  # .item() in train_one_epoch waited for the GPU
         # Each rank knows its own shard's loss and count: add them up over the ranks.
         totals = torch.tensor([train_loss * images, images], dtype=torch.float64, device=device)
@@ -359,6 +367,10 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
 def worker(rank: int, world_size: int, backend: str, args) -> None:
     """What each of the `world_size` processes runs; mp.spawn passes `rank` first."""
     redirect_output_for_rank(rank)  # the grader's per-rank logs; a no-op otherwise
+    # A fresh process starts one CPU thread per core; N ranks on one machine
+    # would then fight over the cores, and two GPUs ran 8-12x slower than one
+    # (see the page). Each rank takes its share (OMP_NUM_THREADS, if set, wins).
+    torch.set_num_threads(cpu_share(world_size))
     device = setup(rank, world_size, backend)
     try:
         train(rank, world_size, device, args)
