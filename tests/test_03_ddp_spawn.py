@@ -208,12 +208,16 @@ def test_two_gpus_train_at_least_1_5x_faster_than_one(impl):
             if not record["ok"]:
                 pytest.fail(f"lesson {lesson} on {n} GPU(s):\n{record['error']}", pytrace=False)
             seen[lesson, n] = record["samples_per_s"]
+    slow = []
     for lesson in ("03", "04"):
         one, two = seen[lesson, 1], seen[lesson, 2]
         print(f"lesson {lesson}: 1 GPU {one:,.0f} img/s, 2 GPUs {two:,.0f} img/s, {two / one:.2f}x")
-        assert two >= SPEEDUP_FLOOR * one, (
-            f"lesson {lesson}: two GPUs trained at {two:,.0f} img/s, one at {one:,.0f} img/s "
-            f"({two / one:.2f}x, expected at least {SPEEDUP_FLOOR}x). Likely cause: every rank "
-            f"uses all the CPU cores (torch.set_num_threads), or the input pipeline starves the "
-            f"GPUs (see the lesson's page, 'How fast should it be?')"
-        )
+        if two < SPEEDUP_FLOOR * one:
+            slow.append(
+                f"lesson {lesson}: two GPUs trained at {two:,.0f} img/s, one at {one:,.0f} "
+                f"img/s ({two / one:.2f}x, expected at least {SPEEDUP_FLOOR}x)"
+            )
+    assert not slow, "\n".join(
+        [*slow, "Likely cause: every rank uses all the CPU cores (torch.set_num_threads), or "
+         "the input pipeline starves the GPUs (lesson 03's page: 'How fast should it be?')"]
+    )  # fmt: skip

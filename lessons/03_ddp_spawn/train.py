@@ -217,8 +217,9 @@ def build_ddp_model(args, num_classes, channels, device):
     model = model.to(device, memory_format=memory_format(args))
     # TODO: wrap the model in DDP. device_ids=[device.index] on a GPU (the one
     # device this replica lives on), None on the CPU. Optional, for speed:
-    # gradient_as_bucket_view=True (see the page, "How fast should it be?").
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:221 is not done yet")
+    # gradient_as_bucket_view=True and broadcast_buffers=False (see the page,
+    # "How fast should it be?").
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:222 is not done yet")
     return ddp
 
 
@@ -266,7 +267,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
         # shuffles with seed + epoch; without the call every epoch reuses
         # epoch 0's order, and each rank sees the same shard in the same order
         # every epoch (no error, just a quietly worse model).
-        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:269 is not done yet")
+        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:270 is not done yet")
         if args.record_shards:
             metrics["shards"].append(gather_shards(train_loader.sampler))
         left = None if args.max_steps is None else args.max_steps - step
@@ -311,7 +312,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
         # keys have no "module." prefix, so lesson 01's model loads it. All
         # ranks hold the same weights; N writers would race on one file. Then
         # every rank waits at dist.barrier() until the file is complete.
-        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:314 is not done yet")
+        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:315 is not done yet")
 
     if rank != 0:
         return None
@@ -362,7 +363,7 @@ def main(argv=None) -> None:
     # collide). The children inherit the environment. Then start the ranks:
     # mp.spawn(worker, args=(world_size, backend, args), nprocs=world_size).
     # If any rank raises, mp.spawn stops the others and raises here.
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:365 is not done yet")
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:366 is not done yet")
 
 
 # --8<-- [end:spawn]

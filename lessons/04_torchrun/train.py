@@ -259,8 +259,9 @@ def build_ddp_model(args, num_classes, channels, device):
     model = model.to(device, memory_format=memory_format(args))
     # TODO: wrap the model in DDP. device_ids=[device.index] on a GPU (the one
     # device this replica lives on), None on the CPU. Optional, for speed:
-    # gradient_as_bucket_view=True (see the page, "How fast should it be?").
-    raise NotImplementedError("TODO at 04_torchrun/train.py:263 is not done yet")
+    # gradient_as_bucket_view=True and broadcast_buffers=False (see the page,
+    # "How fast should it be?").
+    raise NotImplementedError("TODO at 04_torchrun/train.py:264 is not done yet")
     return ddp
 
 
@@ -313,7 +314,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
         # TODO: make the sampler skip what this epoch already trained: set
         # sampler.skip to `skip` batches' worth of indices (skip x batch size),
         # then reset `skip` to 0 so the following epochs start at the top.
-        raise NotImplementedError("TODO at 04_torchrun/train.py:316 is not done yet")
+        raise NotImplementedError("TODO at 04_torchrun/train.py:317 is not done yet")
         if args.record_shards:
             metrics["shards"].append(gather_shards(train_loader.sampler))
         left = None if args.max_steps is None else args.max_steps - step

@@ -294,7 +294,8 @@ def build_ddp_model(args, num_classes, channels, device):
     model = model.to(device, memory_format=memory_format(args))
     # TODO: wrap the model in DDP. device_ids=[device.index] on a GPU (the one
     # device this replica lives on), None on the CPU. Optional, for speed:
-    # gradient_as_bucket_view=True (see the page, "How fast should it be?").
+    # gradient_as_bucket_view=True and broadcast_buffers=False (see the page,
+    # "How fast should it be?").
     ### BEGIN SOLUTION
     ddp = DDP(
         model,
@@ -303,6 +304,11 @@ def build_ddp_model(args, num_classes, channels, device):
         # copied into them and back: two copies per parameter per step fewer,
         # which counts when the CPU can barely launch kernels fast enough.
         gradient_as_bucket_view=True,
+        # By default DDP re-sends rank 0's buffers (BatchNorm's running
+        # statistics) to every rank before every forward pass. Only rank 0's
+        # are ever read here (it alone evaluates and saves), so skip that
+        # broadcast: one collective and ~160 small copies per step fewer.
+        broadcast_buffers=False,
     )
     ### END SOLUTION
     return ddp
