@@ -162,6 +162,7 @@ def _synthetic_size(name: str) -> int:
     return int(count)
 
 
+# --8<-- [start:device-data]
 class DeviceTensors(TensorDataset):
     """A TensorDataset whose tensors live on a GPU, and which hands out whole batches.
 
@@ -183,6 +184,9 @@ class DeviceTensors(TensorDataset):
 def _batch_as_is(batch):
     """collate_fn for DeviceTensors: __getitems__ already returns the batch."""
     return batch
+
+
+# --8<-- [end:device-data]
 
 
 def _on(device, train: TensorDataset, test: TensorDataset, *rest):
@@ -224,6 +228,7 @@ def build_datasets(
     return image_folder(name, image_size or 32)
 
 
+# --8<-- [start:loader]
 def loader(
     dataset: Dataset,
     batch_size: int,
@@ -261,6 +266,9 @@ def loader(
         pin_memory=device.type == "cuda" and not on_device,
         **options,
     )
+
+
+# --8<-- [end:loader]
 
 
 # --- a small image tree for tests and exercises -----------------------------

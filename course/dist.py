@@ -36,7 +36,7 @@ def cpu_share(ranks_on_this_machine: int) -> int:
     PyTorch starts one OpenMP thread per core in *every* process. N ranks on
     one machine then run N x cores threads that spin-wait for each other, and
     the CPU work of each step (collating, copying, launching kernels) crawls:
-    measured on 2x H200, lesson 03 ran 8-12 times slower on two GPUs than on
+    on 2x H200 lesson 03 once ran several times slower on two GPUs than on
     one. So each rank takes its share of the cores. OMP_NUM_THREADS, when set
     (torchrun sets it to 1 for several ranks), wins: it is the user's choice.
     """

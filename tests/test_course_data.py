@@ -82,3 +82,38 @@ def test_models_classify_small_images(name, size):
 def test_unknown_model():
     with pytest.raises(ValueError, match="unknown"):
         models.build_model("vgg", 10, 3)
+
+
+def test_synthetic_takes_a_size_and_rejects_a_bad_one():
+    train, test, _, _ = data.build_datasets("synthetic:300", image_size=8)
+    assert len(train) == 300 and len(test) == 256
+    assert len(data.build_datasets("synthetic", image_size=8)[0]) == 2048
+    for bad in ("synthetic:0", "synthetic:many", "synthetic:-3"):
+        with pytest.raises(ValueError, match="synthetic:N"):
+            data.build_datasets(bad)
+
+
+def test_loader_on_the_cpu_has_no_workers_and_no_pinning():
+    train, _, _, _ = data.build_datasets("digits", device="cpu")
+    loader = data.loader(train, 32, torch.device("cpu"), shuffle=True)
+    assert loader.num_workers == 0 and not loader.pin_memory
+    images, labels = next(iter(loader))
+    assert images.shape == (32, 1, 8, 8) and labels.shape == (32,)
+
+
+@pytest.mark.gpus(1)
+def test_data_on_the_gpu_gives_the_batches_a_cpu_loader_gives():
+    """DeviceTensors' one-gather batches equal the per-sample batches, in the same order."""
+    cpu_train, _, _, _ = data.build_datasets("digits")
+    gpu_train, _, _, _ = data.build_datasets("digits", device="cuda")
+    assert isinstance(gpu_train, data.DeviceTensors)
+    kwargs = dict(shuffle=True, num_workers=4)  # workers are ignored for data on the GPU
+    on_gpu = data.loader(gpu_train, 50, torch.device("cuda"), **kwargs, generator=gen(1))
+    on_cpu = data.loader(cpu_train, 50, torch.device("cpu"), shuffle=True, generator=gen(1))
+    assert on_gpu.num_workers == 0 and not on_gpu.pin_memory
+    for (x_gpu, y_gpu), (x_cpu, y_cpu) in zip(on_gpu, on_cpu, strict=True):
+        assert x_gpu.is_cuda and torch.equal(x_gpu.cpu(), x_cpu) and torch.equal(y_gpu.cpu(), y_cpu)
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)

@@ -82,3 +82,13 @@ def test_each_rank_writes_its_own_log(tmp_path):
     assert result.ok, result.describe()
     assert "to the log" not in result.output
     assert result.rank_logs["rank3"].split() == ["to", "the", "log", "err"]
+
+
+def test_a_students_environment_keeps_its_own_thread_settings(monkeypatch):
+    """one_thread=False: `course run` and `course bench` leave threads to the lesson."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert "OMP_NUM_THREADS" not in procs.child_env(one_thread=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    assert procs.child_env(one_thread=False)["OMP_NUM_THREADS"] == "8"
+    env = procs.child_env({"OMP_NUM_THREADS": None}, one_thread=False)  # None unsets
+    assert "OMP_NUM_THREADS" not in env and env["NCCL_NVLS_ENABLE"] == "0"

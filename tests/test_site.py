@@ -305,3 +305,31 @@ def test_built_pages_load_nothing_from_the_network(site):
             if urlparse(url).scheme in {"http", "https"} or url.startswith("//"):
                 external.append(f"{page.relative_to(site.path)}: {url}")
     assert not external, "pages load assets from the network:\n" + "\n".join(external)
+
+
+def test_bench_records_become_tables_and_a_plot_at_build_time(site):
+    """The scaling results are drawn from `course bench` JSON: every row's figure is on the page."""
+    from course import bench
+
+    records = sorted((DOCS / "results" / "scaling_2xh200").glob("*.json"))
+    assert records, "no course bench records in docs/results/scaling_2xh200"
+    html = (site.path / "results" / "index.html").read_text(encoding="utf-8")
+    assert html.count('class="course-plot"') == 1 and "data:image/png;base64," in html
+    for path in records:
+        doc = bench.load(path)
+        assert doc["provenance"]["command"] in html
+        for row in doc["rows"]:
+            assert f"{row['samples_per_s']:,.0f}" in html, (path.name, row["mode"])
+    lesson_02 = (site.path / "lessons" / "02_data_parallel" / "index.html").read_text()
+    assert "DataParallel, cuDNN autotuner on" in lesson_02
+
+
+def test_bench_directives_refuse_what_is_not_a_record(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "other.json").write_text('{"world_size": 1}', encoding="utf-8")
+    with pytest.raises(hook.PluginError, match="not a `course bench` record"):
+        hook.render_bench_table("r/other.json", root=tmp_path)
+    with pytest.raises(hook.PluginError, match="no such file"):
+        hook.render_bench_table("r/none.json", root=tmp_path)
+    with pytest.raises(hook.PluginError, match="no \\*.json records"):
+        hook.render_bench_plot("empty", root=tmp_path)

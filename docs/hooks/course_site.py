@@ -15,6 +15,10 @@ stand alone on a line, starting in the first column:
     The whole course path from the registry, linked to each lesson page.
 ``<!-- results-table: docs/results/FOLDER -->``
     One row per JSON record of measurements in that folder.
+``<!-- bench-table: docs/results/FOLDER/FILE.json -->``
+    A ``python -m course bench`` record: its table, provenance and commands.
+``<!-- bench-plot: docs/results/FOLDER -->``
+    The plot of every ``course bench`` record in that folder, drawn at build time.
 
 The hook also puts a copy of mermaid, taken from an installed Python package,
 into the site so that diagrams render with no network.
@@ -291,6 +295,48 @@ def render_results(folder: str, root: Path = ROOT) -> str:
     return f"{head}{body}\n\n*{len(rows)} records from `{folder}`.*\n"
 
 
+def _bench():
+    """course.bench, whose table and plot the command line prints and the site shows."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from course import bench
+
+    return bench
+
+
+def _bench_docs(paths: list[Path], root: Path) -> list[dict]:
+    bench = _bench()
+    docs = []
+    for path in paths:
+        try:
+            docs.append(bench.load(path))
+        except (ValueError, OSError) as exc:  # JSONDecodeError is a ValueError
+            raise PluginError(f"bench: {path.relative_to(root)}: {exc}") from exc
+    return docs
+
+
+def render_bench_table(path: str, root: Path = ROOT) -> str:
+    """A `course bench` record as the command printed it: title, table, provenance, commands."""
+    if not (root / path).is_file():
+        raise PluginError(f"bench-table: no such file {path!r}")
+    bench = _bench()
+    (doc,) = _bench_docs([root / path], root)
+    commands = "\n".join(f"    {r['command']}" for r in doc["rows"])
+    return (
+        f"**{bench.title(doc)}**\n\n{bench.table(doc, markdown=True)}\n\n"
+        f"*Measured {bench.provenance_line(doc)} by `{doc['provenance']['command']}`; "
+        f"record: `{path}`.*\n\n"
+        f'??? note "The launches behind each row"\n\n    ```text\n{commands}\n    ```\n'
+    )
+
+
+def render_bench_plot(folder: str, root: Path = ROOT) -> str:
+    paths = sorted((root / folder).glob("*.json"))
+    if not paths:
+        raise PluginError(f"bench-plot: no *.json records in {folder!r}")
+    return _bench().plot_html(_bench_docs(paths, root)) + "\n"
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -377,9 +423,14 @@ def expand(markdown: str, src_uri: str) -> str:
                 return render_lessons_table(page_dir)
             if name == "results-table" and len(args) == 1:
                 return render_results(args[0])
+            if name == "bench-table" and len(args) == 1:
+                return render_bench_table(args[0])
+            if name == "bench-plot" and len(args) == 1:
+                return render_bench_plot(args[0])
         except PluginError as exc:
             raise PluginError(f"{src_uri}: {exc}") from exc
-        if name in {"diff", "grading", "lesson-card", "lessons-table", "results-table"}:
+        known = {"diff", "grading", "lesson-card", "lessons-table", "results-table"}
+        if name in known | {"bench-table", "bench-plot"}:
             raise PluginError(f"{src_uri}: malformed directive {m.group(0)!r}")
         return m.group(0)
 

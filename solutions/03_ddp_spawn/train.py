@@ -374,7 +374,7 @@ def worker(rank: int, world_size: int, backend: str, args) -> None:
     """What each of the `world_size` processes runs; mp.spawn passes `rank` first."""
     redirect_output_for_rank(rank)  # the grader's per-rank logs; a no-op otherwise
     # A fresh process starts one CPU thread per core; N ranks on one machine
-    # would then fight over the cores, and two GPUs ran 8-12x slower than one
+    # would then fight over the cores, and two GPUs ran several times slower than one
     # (see the page). Each rank takes its share (OMP_NUM_THREADS, if set, wins).
     torch.set_num_threads(cpu_share(world_size))
     device = setup(rank, world_size, backend)

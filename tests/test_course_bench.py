@@ -1,0 +1,106 @@
+"""python -m course bench: the launches, the step clock, the ratios, the table and the plot.
+
+On this CPU-only machine the command runs its tiny gloo version, which goes
+through every code path that the GPU version does except the GPUs: the
+lessons launched as their pages say, the sitecustomize hook in every rank,
+the windows, the JSON record and the plot.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from course import REPO_ROOT, bench, procs
+
+RECORDS = sorted((REPO_ROOT / "docs" / "results" / "scaling_2xh200").glob("*.json"))
+
+TOPO = (
+    "\t\x1b[4mGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+    "GPU0\t X \tNV18\t0-31\t0\t\tN/A\n"
+    "GPU1\tNV18\t X \t0-31\t0\t\tN/A\n"
+)
+
+
+def test_interconnect_reads_nvidia_smi_topo():
+    assert bench.interconnect(TOPO) == "NV18"
+    assert bench.interconnect(TOPO.replace("NV18", "SYS")) == "SYS"
+    assert bench.interconnect("No devices were found") == ""
+
+
+def test_windows_drop_the_warm_up_and_count_images():
+    row = bench.Row("03", "03", "DDP", 2, window=10, warmup=2, windows=2)
+    points = [(10, 1.0), (20, 2.0), (30, 2.5), (40, 3.0)]  # the first window ends at step 10
+    # global batch 64: 10 steps x 64 images in 0.5 s, twice; the warm-up window is dropped
+    assert bench.windows_of(points, row, 64) == [1280.0, 1280.0]
+
+
+def test_ratios_are_against_one_device():
+    rows = [
+        {"key": "01", "ok": True, "samples_per_s": 100.0, "world_size": 1},
+        {"key": "03", "ok": True, "samples_per_s": 180.0, "world_size": 2},
+        {"key": "04", "ok": False, "world_size": 2},
+    ]
+    bench.add_ratios(rows)
+    assert rows[1]["speedup"] == 1.8 and rows[1]["efficiency"] == 0.9
+    assert "efficiency" not in rows[2]
+
+
+def test_cpu_bench_times_the_lessons_and_writes_a_record_and_a_plot(tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["--lessons", "01", "03", "04", "--window", "2", "--warmup", "1", "--windows", "2"]
+    result = procs.run(
+        [sys.executable, "-m", "course", "bench", *args, "--out", str(out)],
+        timeout=150,
+        cwd=tmp_path,
+    )
+    assert result.ok, result.describe()
+    doc = json.loads(out.read_text())
+    assert [r["key"] for r in doc["rows"]] == ["01", "03", "04"]
+    for row in doc["rows"]:
+        assert row["ok"], row.get("error")
+        assert len(row["window_samples_per_s"]) == 2 and row["samples_per_s"] > 0
+        assert row["efficiency"] > 0
+    assert doc["rows"][1]["world_size"] == 2 and doc["rows"][1]["global_batch"] == 64
+    assert "torch.distributed.run" in doc["rows"][2]["command"]
+    assert doc["provenance"]["device"] == "CPU" and doc["provenance"]["torch"]
+    assert "efficiency" in result.output and "DDP, mp.spawn" in result.output
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_failing_lesson_is_reported_and_fails_the_command(tmp_path):
+    folder = tmp_path / "impl" / "01_single_device"
+    folder.mkdir(parents=True)
+    (folder / "train.py").write_text("raise RuntimeError('broken on purpose')\n")
+    out = tmp_path / "b.json"
+    args = ["--lessons", "01", "--impl", str(tmp_path / "impl"), "--out", str(out)]
+    args += ["--window", "1", "--warmup", "1", "--windows", "1"]
+    result = procs.run([sys.executable, "-m", "course", "bench", *args], timeout=60)
+    assert result.returncode == 1
+    assert "FAILED" in result.output and "broken on purpose" in result.output
+    assert json.loads(out.read_text())["rows"][0]["ok"] is False
+
+
+def test_bad_arguments_give_one_line():
+    result = procs.run([sys.executable, "-m", "course", "bench", "--lessons", "42"], timeout=60)
+    assert result.returncode == 2 and "no lesson '42'" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.skipif(not RECORDS, reason="no course bench records in docs/results")
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)
+def test_published_records_are_complete_and_consistent(path: Path):
+    """Every record on the results page has its provenance, and its ratios follow from its rows."""
+    doc = bench.load(path)
+    for key in ("device", "gpu_count", "interconnect", "torch", "cuda", "nccl", "date", "command"):
+        assert doc["provenance"].get(key), f"{path.name}: provenance lacks {key}"
+    rows = [dict(r) for r in doc["rows"]]
+    for r in rows:
+        r.pop("speedup", None), r.pop("efficiency", None)
+    bench.add_ratios(rows)
+    for stored, computed in zip(doc["rows"], rows, strict=True):
+        assert stored.get("efficiency") == computed.get("efficiency"), stored["mode"]
+    assert bench.plot([doc])[:4] == b"\x89PNG"
