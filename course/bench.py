@@ -278,50 +278,20 @@ def title(doc: dict) -> str:
 
 def table(doc: dict, markdown: bool = False) -> str:
     """The rows as a text table (for the terminal) or a Markdown table (for the site)."""
-    head = [
-        "lesson",
-        "mode",
-        "GPUs" if doc["settings"]["device"] == "cuda" else "ranks",
-        "global batch",
-        "img/s (median)",
-        "step ms",
-        "speed-up",
-        "efficiency",
-    ]
+    ranks = "GPUs" if doc["settings"]["device"] == "cuda" else "ranks"
+    head = ["lesson", "mode", ranks, "global batch", "img/s", "speed-up", "efficiency", "step ms"]
     lines = []
     for r in doc["rows"]:
+        cells = [r["lesson"], r["mode"], str(r["world_size"]), str(r["global_batch"])]
         if not r["ok"]:
-            lines.append(
-                [
-                    r["lesson"],
-                    r["mode"],
-                    str(r["world_size"]),
-                    str(r["global_batch"]),
-                    "failed",
-                    "",
-                    "",
-                    "",
-                ]
-            )
+            lines.append([*cells, "failed", "", "", ""])
             continue
         ratio = [f"{r['speedup']:.2f}", f"{r['efficiency']:.2f}"] if "speedup" in r else ["", ""]
-        lines.append(
-            [
-                r["lesson"],
-                r["mode"],
-                str(r["world_size"]),
-                str(r["global_batch"]),
-                f"{r['samples_per_s']:,.0f}",
-                f"{r['step_ms']:.1f}",
-                *ratio,
-            ]
-        )
+        lines.append([*cells, f"{r['samples_per_s']:,.0f}", *ratio, f"{r['step_ms']:.1f}"])
     if markdown:
-        out = [
-            "| " + " | ".join(head) + " |",
-            "|" + "|".join(["---", "---", "--:", "--:", "--:", "--:", "--:", "--:"]) + "|",
-        ]
-        return "\n".join([*out, *("| " + " | ".join(cells) + " |" for cells in lines)])
+        rule = "|---|---|" + "--:|" * (len(head) - 2)
+        rows = ["| " + " | ".join(cells) + " |" for cells in [head, *lines]]
+        return "\n".join([rows[0], rule, *rows[1:]])
     widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head))]
 
     def fmt(cells):
@@ -357,40 +327,45 @@ def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = []
-    for doc in docs:
-        for r in doc["rows"]:
-            if r["ok"] and r["key"] not in keys:
-                keys.append(r["key"])
-    labels = {r["key"]: f"{r['lesson']} {r['mode']}" for doc in docs for r in doc["rows"]}
-    pkeys = [key for key in keys if key != "01"]  # efficiency: the parallel rows
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    keys = list(dict.fromkeys(r["key"] for doc in docs for r in doc["rows"] if r["ok"]))
+    labels = {
+        r["key"]: f"{r['lesson']} {r['mode']}".replace(", ", ",\n") for d in docs for r in d["rows"]
+    }
+    pkeys = [key for key in keys if key != "01"]  # efficiency: the parallel rows only
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
     width = 0.8 / max(len(docs), 1)
+    offset = (len(docs) - 1) * width / 2  # from a group's first bar to its centre
     for i, doc in enumerate(docs):
         rows = {r["key"]: r for r in doc["rows"] if r["ok"]}
-        xs = [k + i * width for k, key in enumerate(keys) if key in rows]
         name = title(doc).split(", batch")[0]
-        values = [rows[key]["samples_per_s"] for key in keys if key in rows]
-        bars = left.bar(xs, values, width, label=name)
+        shown = [key for key in keys if key in rows]
+        bars = left.bar(
+            [keys.index(k) + i * width for k in shown],
+            [rows[k]["samples_per_s"] for k in shown],
+            width,
+            label=name,
+        )
         left.bar_label(bars, fmt="{:,.0f}", fontsize=7, padding=2)
-        parallel = [
-            key for key in keys if key in rows and "efficiency" in rows[key] and key != "01"
-        ]
-        xe = [keys.index(key) + i * width for key in parallel]
-        bars = right.bar(xe, [rows[key]["efficiency"] for key in parallel], width, label=name)
+        shown = [key for key in pkeys if key in rows and "efficiency" in rows[key]]
+        bars = right.bar(
+            [pkeys.index(k) + i * width for k in shown],
+            [rows[k]["efficiency"] for k in shown],
+            width,
+        )
         right.bar_label(bars, fmt="{:.2f}", fontsize=7, padding=2)
-    centre = [k + 0.4 - width / 2 for k in range(len(keys))]
-    left.set_xticks(centre, [labels[k].replace(", ", ",\n") for k in keys], fontsize=7)
+    left.set_xticks([k + offset for k in range(len(keys))], [labels[k] for k in keys], fontsize=7)
     left.set_ylabel("images / s (median window)")
     left.set_title("Throughput")
-    left.legend(fontsize=7)
-    pcentre = [k + 0.4 - width / 2 for k in range(len(pkeys))]
-    right.set_xticks(pcentre, [labels[k].replace(", ", ",\n") for k in pkeys], fontsize=7)
+    left.margins(y=0.12)
+    right.set_xticks(
+        [k + offset for k in range(len(pkeys))], [labels[k] for k in pkeys], fontsize=7
+    )
     right.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     right.set_ylim(0, 1.15)
-    right.set_ylabel("throughput / (N x one device)")
+    right.set_ylabel("throughput / (GPUs x one device)")
     right.set_title("Scaling efficiency")
-    fig.tight_layout()
+    fig.legend(loc="lower center", ncol=max(len(docs), 1), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     buffer = io.BytesIO()
     fig.savefig(buffer, format=fmt, dpi=110)
     plt.close(fig)
