@@ -163,9 +163,6 @@ def measure(
         env = {
             step_clock.LOG_ENV: folder,
             step_clock.EVERY_ENV: str(row.window),
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(step_clock.SITE_DIR), os.environ.get("PYTHONPATH")])
-            ),
         }
         if fresh_threads:
             env.update(OMP_NUM_THREADS=None, MKL_NUM_THREADS=None)

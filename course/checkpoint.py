@@ -20,9 +20,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from course import chaos
-from course.dist import record_write
-
 
 def save(obj, path: str | Path) -> Path:
     """torch.save `obj` to `path` atomically; returns the path."""
@@ -33,7 +30,6 @@ def save(obj, path: str | Path) -> Path:
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
-            chaos.during_save(f, path)  # fault injection for tests; a no-op otherwise
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp, path)
@@ -41,7 +37,6 @@ def save(obj, path: str | Path) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)  # and so is the rename itself
-    record_write(path)
     return path
 
 

@@ -13,11 +13,6 @@ from datetime import timedelta
 
 from course.procs import RANK_LOG_ENV
 
-# When set (the grader sets it), course.checkpoint.save and
-# course.train_utils.write_json append "<rank> <path>" to this file, so a test
-# can tell which ranks wrote files: "only rank 0 writes" is checkable.
-WRITE_LOG_ENV = "COURSE_WRITE_LOG"
-
 
 def free_port(host: str = "127.0.0.1") -> int:
     """Ask the OS for a port nobody is listening on.
@@ -70,21 +65,3 @@ def redirect_output_for_rank(rank: int) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-
-
-def record_write(path) -> None:
-    """Note in $COURSE_WRITE_LOG (when set) that this rank wrote `path`."""
-    log = os.environ.get(WRITE_LOG_ENV)
-    if not log:
-        return
-    import torch.distributed as dist  # here: the helpers above must stay cheap to import
-
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else -1
-    if rank == -1:  # not in a process group (yet): trust what a launcher says
-        rank = int(os.environ.get("RANK", "-1"))
-    # One short write with O_APPEND: lines from concurrent ranks never interleave.
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, f"{rank} {os.path.abspath(path)}\n".encode())
-    finally:
-        os.close(fd)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from course import REPO_ROOT
 
+SITE_DIR = Path(__file__).with_name("_site")
+
 # Each rank writes its output to <dir>/rank<N>.log when this is set (see
 # course.dist.redirect_output_for_rank), so a hang can be blamed on a rank.
 RANK_LOG_ENV = "COURSE_RANK_LOG_DIR"
@@ -35,6 +37,19 @@ SAFE_GPU_ENV = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
+
+
+# A hang is a rank waiting in a collective that another rank never reaches.
+# The process-group timeout (course.dist.process_group_timeout) is set to half
+# the deadline of every launch here, so PyTorch's own error, which names the
+# operation, arrives before the deadline kills the group.
+PG_TIMEOUT_SHARE = 0.5
+TIMEOUT_SIGNS = ("Timed out waiting", "Watchdog caught collective operation timeout", "timed out")
+HANG_CAUSE = (
+    "likely cause: a rank waits in a collective (all_reduce, barrier, broadcast...) that "
+    "another rank never reaches: a collective inside `if rank == 0:`, or ranks that take "
+    "different numbers of steps. Each rank's last lines above show where it stopped."
+)
 
 
 def timeout_scale() -> float:
@@ -56,9 +71,19 @@ class RunResult:
     pgid: int
     rank_logs: dict[str, str] = field(default_factory=dict)
 
+    reported: bool = False
+
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
+
+    def failure(self, lines: int = 12) -> str:
+        """describe() the first time; after that one line, so that several tests
+        sharing one failed launch show its story once."""
+        if self.reported:
+            return "the shared launch failed: its output is in the first failing test's message"
+        self.reported = True
+        return self.describe(lines)
 
     def describe(self, lines: int = 12) -> str:
         """A short account of what happened, for a failing test's message."""
@@ -73,7 +98,15 @@ class RunResult:
             if tail:
                 parts.append(f"--- last lines of {name} ---")
                 parts.extend(tail)
+        if self.timed_out or self.collective_timed_out:
+            parts.append(HANG_CAUSE)
         return "\n".join(parts)
+
+    @property
+    def collective_timed_out(self) -> bool:
+        """PyTorch's own process-group timeout fired in some rank (gloo or NCCL)."""
+        text = "\n".join([self.output, *self.rank_logs.values()])
+        return any(sign in text for sign in TIMEOUT_SIGNS)
 
 
 def group_alive(pgid: int) -> bool:
@@ -121,7 +154,10 @@ def child_env(
     env = {key: value for key, value in env.items() if value is not None}  # None: unset it
     # The lesson scripts import `course`; make that work for a student folder
     # anywhere on disk and on machines where the package is not pip-installed.
-    paths = [str(REPO_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    # SITE_DIR's sitecustomize installs the grader's probes (course/probes.py),
+    # armed only by their COURSE_* variables.
+    paths = [str(REPO_ROOT), str(SITE_DIR)]
+    paths += filter(None, env.get("PYTHONPATH", "").split(os.pathsep))
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env
 
@@ -139,6 +175,7 @@ def run(
     COURSE_TIMEOUT_SCALE), then make sure nothing it started is still alive."""
     timeout = timeout * timeout_scale()
     extra = dict(env or {})
+    extra.setdefault("COURSE_PG_TIMEOUT", f"{max(5.0, timeout * PG_TIMEOUT_SHARE):.0f}")
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         extra[RANK_LOG_ENV] = str(log_dir)

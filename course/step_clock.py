@@ -6,10 +6,10 @@ any timing code. PyTorch offers the hook for that: a function registered with
 `torch.optim.optimizer.register_optimizer_step_post_hook` runs after every
 `optimizer.step()` of every optimizer in the process.
 
-`course/_site/sitecustomize.py` installs it in every Python process that
-starts with `COURSE_STEP_LOG=DIR` in its environment and `course/_site` on
-its PYTHONPATH (bench arranges both), spawned ranks and torchrun's workers
-included. Every `COURSE_STEP_EVERY` steps (a window) the hook waits for the
+`course/_site/sitecustomize.py` installs it (course/probes.py) in every
+Python process that starts with `COURSE_STEP_LOG=DIR` in its environment and
+`course/_site` on its PYTHONPATH (course.procs puts it there), spawned ranks
+and torchrun's workers included. Every `COURSE_STEP_EVERY` steps (a window) the hook waits for the
 GPU to finish (kernels run asynchronously: the CPU's clock alone would time
 the launches, not the work) and appends "<step> <seconds>" to
 DIR/rank<R>.<pid>.txt. The waits are only at window edges, so the GPU runs
@@ -24,7 +24,6 @@ from pathlib import Path
 
 LOG_ENV = "COURSE_STEP_LOG"
 EVERY_ENV = "COURSE_STEP_EVERY"
-SITE_DIR = Path(__file__).with_name("_site")
 
 
 def _rank() -> int:

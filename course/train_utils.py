@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from course.dist import record_write
 from course.files import write_json_atomic
 
 
@@ -98,9 +97,7 @@ def exit_with_one_line(main, argv=None, prog: str | None = None) -> int:
 
 def write_json(data, path: str | Path) -> Path:
     """Write `data` as JSON, atomically (a reader never sees half a file)."""
-    path = write_json_atomic(data, path)
-    record_write(path)
-    return path
+    return write_json_atomic(data, path)
 
 
 def show_progress(quiet: bool) -> bool:

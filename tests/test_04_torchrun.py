@@ -27,11 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from course import checkpoint, lessons, procs
+from course import checkpoint, lessons, procs, write_log
 from course.chaos import KILL_AT_STEP, KILL_IN_SAVE, KILL_RANK
 from course.cli import lesson_command
-from course.dist import WRITE_LOG_ENV
 from course.grading import load_lesson
+from course.write_log import WRITE_LOG_ENV
 
 LESSON = lessons.get("04")
 FUNCTIONS = ("parse_args", "setup", "save_snapshot", "load_snapshot", "train", "main")
@@ -39,13 +39,14 @@ STEPS, EVERY, KILL_STEP = 12, 4, 7
 ARGS = ["--epochs", "2", "--batch-size", "128", "--seed", "0", "--quiet"]
 ARGS += ["--snapshot", "snapshot.pt", "--snapshot-every", str(EVERY), "--checkpoint", "final.pt"]
 
-NAMES = ("ref", "kill", "crash", "resume")
+NAMES = ("ref", "kill", "crash", "resume", "twice")
 _runs: dict = {}
 
 
-def torchrun(impl, backend, folder, restarts, env=None):
+def torchrun(impl, backend, folder, restarts, env=None, every=EVERY):
     """procs.run kwargs for one torchrun launch of the lesson in `folder`."""
-    command = lesson_command(LESSON, impl, 2, backend, ARGS, max_restarts=restarts)
+    args = [*ARGS[:-4], "--snapshot-every", str(every), *ARGS[-2:]]
+    command = lesson_command(LESSON, impl, 2, backend, args, max_restarts=restarts)
     return dict(
         args=command,
         timeout=150,
@@ -73,11 +74,21 @@ def runs(impl, backend, tmp_path_factory):
             shutil.rmtree(folders["resume"] / "ranks", ignore_errors=True)
             return crash, launch("resume", 0)
 
-        with ThreadPoolExecutor(max_workers=3) as pool:
+        def twice():
+            # Snapshots every 3 steps; rank 1 dies after step 5 (resume from step 3,
+            # mid-epoch), and again 4 steps into the second attempt, at step 7:
+            # the step-6 snapshot, taken inside the resumed epoch, must say "epoch 1
+            # done", or the third attempt trains part of epoch 1 twice.
+            env = {KILL_RANK: "1", KILL_AT_STEP: "5,4"}
+            return procs.run(**torchrun(impl, backend, folders["twice"], 2, env, every=3))
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
             ref = pool.submit(launch, "ref", 1)
             kill = pool.submit(launch, "kill", 1, {KILL_RANK: "1", KILL_AT_STEP: str(KILL_STEP)})
+            two = pool.submit(twice)
             crash, resume = pool.submit(crash_then_resume).result()
             results = {"ref": ref.result(), "kill": kill.result(), "crash": crash, "resume": resume}
+            results["twice"] = two.result()
         _runs[backend] = {name: (results[name], folders[name]) for name in NAMES}
     return _runs[backend]
 
@@ -85,7 +96,7 @@ def runs(impl, backend, tmp_path_factory):
 def finished(runs, name):
     result, folder = runs[name]
     if not result.ok:
-        pytest.fail(result.describe(), pytrace=False)
+        pytest.fail(result.failure(), pytrace=False)
     return result, folder
 
 
@@ -111,10 +122,28 @@ def test_killed_rank_is_restarted_and_the_result_is_bit_exact(runs, backend):
     result, folder = finished(runs, "kill")
     _, ref_folder = finished(runs, "ref")
     assert f"rank 1 killed after step {KILL_STEP}" in rank_log(result, 1), (
-        "the fault was not injected: call chaos.maybe_kill(rank, step) after every step"
+        f"the fault was not injected: rank 1 never finished optimizer step {KILL_STEP}"
     )
     assert re.search(r"resumed from .* at step 4\b", rank_log(result, 0)), (
         f"the restarted group should resume from the step-4 snapshot\n{result.describe()}"
+    )
+    assert_same_weights(folder, ref_folder)
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_a_second_crash_inside_a_resumed_epoch_loses_and_repeats_nothing(runs, backend):
+    """Killed after step 5 and again after step 7: the step-6 snapshot, taken in the
+    resumed epoch, records the whole epoch as done, and the run ends bit-exact at step 12."""
+    result, folder = finished(runs, "twice")
+    _, ref_folder = finished(runs, "ref")
+    kills = [line for line in rank_log(result, 1).splitlines() if line.startswith("chaos: rank 1")]
+    assert len(kills) == 2, f"expected two kills of rank 1, saw {kills}\n{result.describe()}"
+    steps = checkpoint.load(folder / "final.pt")["step"]
+    assert steps == STEPS, (
+        f"the run took {steps} steps instead of {STEPS}: after the second restart it resumed "
+        "at the wrong batch. Likely cause: the snapshot taken in the resumed epoch counts only "
+        "the batches since the restart; count the ones before it too (done_before)"
     )
     assert_same_weights(folder, ref_folder)
 
@@ -138,13 +167,20 @@ def test_kill_during_snapshot_write_keeps_the_previous_snapshot(runs, backend):
     loadable, and resuming from it ends bit-identical."""
     crashed, folder = runs["crash"]
     _, ref_folder = finished(runs, "ref")
-    assert "killed while writing snapshot.pt" in rank_log(crashed, 0), crashed.describe()
-    snapshot = checkpoint.load(folder / "snapshot.pt")  # loadable: the old one, whole
+    assert "chaos: killed" in rank_log(crashed, 0), (
+        "the fault was not injected: rank 0 never put snapshot.pt in place a second time "
+        f"(a snapshot every {EVERY} steps, written by rank 0)\n{crashed.describe()}"
+    )
+    try:  # the crash hit the step-8 write: the step-4 snapshot must still be there, whole
+        snapshot = checkpoint.load(folder / "snapshot.pt")
+    except Exception as err:  # noqa: BLE001 - any load error means the file was damaged
+        pytest.fail(
+            f"after a crash during the step-8 snapshot, snapshot.pt no longer loads ({err}). "
+            "Likely cause: the snapshot is written in place. Write a temporary file in the "
+            "same folder, then os.replace it onto the name (course.checkpoint.save does).",
+            pytrace=False,
+        )
     assert snapshot["step"] == EVERY, "the snapshot should still be the one from step 4"
-    partial = list(folder.glob(".snapshot.pt.*.tmp"))
-    assert partial, "the interrupted write should have left its temporary file"
-    with pytest.raises(Exception):  # noqa: B017 - any load error: the file is cut short
-        checkpoint.load(partial[0])
     result, resumed = finished(runs, "resume")  # the same command again, without the fault
     assert re.search(r"resumed from .* at step 4\b", rank_log(result, 0)), result.describe()
     assert_same_weights(resumed, ref_folder)
@@ -155,8 +191,10 @@ def test_kill_during_snapshot_write_keeps_the_previous_snapshot(runs, backend):
 def test_only_rank_0_writes_files(runs, backend):
     """Rank 0 alone writes the snapshot and the checkpoint, of the plain model."""
     _, folder = finished(runs, "ref")
-    writers = {line.split()[0] for line in (folder / "writes.log").read_text().splitlines()}
-    assert writers == {"0"}, f"files written by rank(s) {sorted(writers)}, expected rank 0 only"
+    others = {
+        n: r for n, r in write_log.writers(folder / "writes.log", folder).items() if r != {"0"}
+    }
+    assert not others, f"expected rank 0 alone to write files, but {others} (file: ranks) did"
     assert sorted(p.name for p in folder.glob("*.pt")) == ["final.pt", "snapshot.pt"]
     state = checkpoint.load(folder / "snapshot.pt")
     assert state["step"] == STEPS and not any(k.startswith("module.") for k in state["model"])

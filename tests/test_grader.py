@@ -154,3 +154,39 @@ def test_rank_that_never_joins_a_collective_is_killed_with_its_group(tmp_path):
     assert "did not finish within" in message
     assert "rank 1 skips the all-reduce" in message
     assert "rank 0 waits in all_reduce" in message
+    assert procs.HANG_CAUSE in message, "a hang's report names its likely cause"
+
+
+BARRIER_ON_RANK_0 = """
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+from course.dist import free_port, process_group_timeout, redirect_output_for_rank
+
+def worker(rank, port):
+    redirect_output_for_rank(rank)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=process_group_timeout())
+    for step in range(3):
+        print(f"rank {rank} at step {step}", flush=True)
+        if rank == 0:
+            dist.barrier()  # the classic bug: a collective only one rank calls
+        dist.all_reduce(torch.ones(1))
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(free_port(),), nprocs=2)
+"""
+
+
+def test_a_rank_0_only_barrier_is_reported_once_before_the_deadline(tmp_path):
+    """The launch's process-group timeout is half its deadline, so PyTorch names the stuck
+    collective before the grader has to kill anything; the report shows both ranks and the cause."""
+    script = tmp_path / "barrier.py"
+    script.write_text(BARRIER_ON_RANK_0)
+    result = procs.python(script, timeout=60, log_dir=tmp_path / "ranks", cwd=tmp_path)
+    assert not result.ok
+    assert not procs.group_alive(result.pgid), "processes outlived the launch"
+    message = result.failure()
+    assert not result.timed_out, f"PyTorch's timeout should fire before the deadline\n{message}"
+    assert "rank 0 at step 0" in message and "rank 1 at step" in message, message
+    assert message.count(procs.HANG_CAUSE) == 1, message
+    assert "shared launch failed" in result.failure(), "a second test gets one line, not a copy"

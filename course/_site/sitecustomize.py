@@ -1,8 +1,8 @@
 """Loaded at start-up by every Python process that has this folder on its PYTHONPATH.
 
-`python -m course bench` puts it there, with COURSE_STEP_LOG set, so that the
-lesson's processes (the launcher, mp.spawn's ranks, torchrun's workers) time
-their optimizer steps: see course/step_clock.py. Without COURSE_STEP_LOG it
+course.procs puts it there for every process it launches (the grader's,
+`python -m course run`'s, `course bench`'s). When one of the COURSE_*
+variables of course/probes.py is set, it installs those probes; otherwise it
 does nothing and imports nothing. Afterwards it runs the sitecustomize this
 one shadows, if the Python installation has one.
 """
@@ -12,10 +12,11 @@ import importlib.util
 import os
 import sys
 
-if os.environ.get("COURSE_STEP_LOG"):
-    from course import step_clock
+_ARMED = ("COURSE_STEP_LOG", "COURSE_WRITE_LOG", "COURSE_KILL_AT_STEP", "COURSE_KILL_IN_SAVE")
+if any(os.environ.get(name) for name in _ARMED):  # the list in course/probes.py
+    from course import probes
 
-    step_clock.install()
+    probes.install()
 
 _here = os.path.dirname(os.path.abspath(__file__))
 _others = [p for p in sys.path if os.path.abspath(p or ".") != _here]

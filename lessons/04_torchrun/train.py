@@ -5,7 +5,7 @@
     torchrun --standalone --nproc_per_node=gpu lessons/04_torchrun/train.py --backend nccl
     torchrun --standalone --nproc_per_node=2 --max-restarts 3 lessons/04_torchrun/train.py \
         --backend gloo --snapshot runs/04/snapshot.pt --snapshot-every 5
-    COURSE_KILL_RANK=1 COURSE_KILL_AT_STEP=7 torchrun ... (as above)   # rank 1 dies at step 7
+    COURSE_KILL_RANK=1 COURSE_KILL_AT_STEP=7 python -m course run 04 ...  # rank 1 dies at step 7
     python -m course run 04 --nproc 2 --backend gloo -- --snapshot runs/04/snapshot.pt
     python -m course grade 04                                          # grade your version
 
@@ -46,7 +46,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
-from course import chaos, checkpoint, data, models
+from course import checkpoint, data, models
 from course.dist import cpu_share, process_group_timeout, redirect_output_for_rank
 from course.train_utils import (
     ArgumentParser,
@@ -312,9 +312,11 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
         # TODO: make the sampler skip what this epoch already trained: set
-        # sampler.skip to `skip` batches' worth of indices (skip x batch size),
-        # then reset `skip` to 0 so the following epochs start at the top.
-        raise NotImplementedError("TODO at 04_torchrun/train.py:317 is not done yet")
+        # sampler.skip to `skip` batches' worth of indices (skip x batch size).
+        # Keep that number of batches in `done_before`: a snapshot taken later
+        # in this epoch must count the batches trained before the restart too.
+        # Then reset `skip` to 0 so the following epochs start at the top.
+        raise NotImplementedError("TODO at 04_torchrun/train.py:319 is not done yet")
         if args.record_shards:
             metrics["shards"].append(gather_shards(train_loader.sampler))
         left = None if args.max_steps is None else args.max_steps - step
@@ -327,7 +329,6 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
             step += 1
             if step - 1 == resumed_at:  # the restart overhead ends here (see the lesson page)
                 log(f"first step after the restart done at t={time.time():.3f}")
-            chaos.maybe_kill(rank, step)  # fault injection for tests and demos; a no-op otherwise
             if args.snapshot and step % args.snapshot_every == 0:
                 done = done_before + steps_this_pass  # batches of this epoch trained so far
                 at_end = done == batches_per_epoch  # then the next thing to do is a new epoch

@@ -1,0 +1,34 @@
+"""What the grader and `course bench` observe inside a lesson's processes.
+
+course/_site/sitecustomize.py runs `install()` at the start of every Python
+process that has course/_site on its PYTHONPATH (course.procs puts it there
+for everything it launches). Each probe is armed by its environment variable
+and costs nothing otherwise:
+
+    COURSE_STEP_LOG     step timestamps for `course bench` (course/step_clock.py)
+    COURSE_WRITE_LOG    which rank wrote which file (course/write_log.py)
+    COURSE_KILL_*       faults injected on purpose (course/chaos.py)
+
+The lessons never call any of this: a student's own way of writing the same
+behaviour is observed the same way.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENVIRONMENT = ("COURSE_STEP_LOG", "COURSE_WRITE_LOG", "COURSE_KILL_AT_STEP", "COURSE_KILL_IN_SAVE")
+
+
+def install() -> None:
+    if os.environ.get("COURSE_STEP_LOG"):
+        from course import step_clock
+
+        step_clock.install()
+    if os.environ.get("COURSE_WRITE_LOG"):
+        from course import write_log
+
+        write_log.install(os.environ["COURSE_WRITE_LOG"])
+    from course import chaos
+
+    chaos.install()

@@ -1,0 +1,82 @@
+"""Mutation testing: the grade rejects realistic wrong versions and accepts honest different ones.
+
+Each mutant in tests/mutants/lesson_NN.py is a mistake a student makes,
+written into a copy of the reference solution; the lesson's tests named in
+`caught_by` must fail on it. Each alternative is a correct solution written
+differently (its own atomic save instead of course.checkpoint.save, say);
+every test of the lesson must pass on it. Each case grades one lesson in a
+subprocess, as `python -m course grade` would, on gloo.
+
+Cost: a lesson-03 case takes about 15 s and a lesson-04 case about 40 s on
+two cores; they run in the normal suite (CI included), marked `mutation`,
+so `-m "not mutation"` skips them while iterating.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from course import REPO_ROOT, procs
+
+MUTANT_DIR = Path(__file__).with_name("mutants")
+
+
+def load(path: Path):
+    spec = importlib.util.spec_from_file_location(f"mutants_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cases(kind: str):
+    for path in sorted(MUTANT_DIR.glob("lesson_*.py")):
+        module = load(path)
+        number = path.stem.removeprefix("lesson_")
+        for case in getattr(module, kind):
+            yield pytest.param(number, module.FILE, case, id=f"{number}-{case['name']}")
+
+
+def apply(tmp_path: Path, file: str, case: dict) -> Path:
+    """A copy of the solution's lesson folder with `case` written into it; returns --impl."""
+    impl = tmp_path / "impl"
+    folder = Path(file).parent
+    shutil.copytree(REPO_ROOT / "solutions" / folder, impl / folder)
+    target = impl / file
+    source = target.read_text()
+    assert source.count(case["old"]) == 1, f"{case['name']}: `old` must occur once in {file}"
+    target.write_text(source.replace(case["old"], case["new"]))
+    return impl
+
+
+def grade(number: str, impl: Path, *options: str):
+    tests = sorted((REPO_ROOT / "tests").glob(f"test_{number}_*.py"))
+    args = [sys.executable, "-m", "pytest", *map(str, tests), f"--impl={impl}"]
+    args += ["-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-rN", *options]
+    return procs.run(args, timeout=300, cwd=REPO_ROOT)
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize(("number", "file", "case"), list(cases("MUTANTS")))
+def test_mutant_is_rejected(tmp_path, number, file, case):
+    run = grade(number, apply(tmp_path, file, case), "-k", case["caught_by"])
+    assert not run.timed_out, run.describe()
+    assert "passed" in run.output or "failed" in run.output, run.describe()
+    assert run.returncode != 0, (
+        f"lesson {number}: the mutant '{case['name']}' ({case['why']}) passed the tests "
+        f"matching '{case['caught_by']}'\n{run.describe()}"
+    )
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize(("number", "file", "case"), list(cases("ALTERNATIVES")))
+def test_honest_alternative_passes(tmp_path, number, file, case):
+    run = grade(number, apply(tmp_path, file, case))
+    assert run.returncode == 0, (
+        f"lesson {number}: the correct alternative '{case['name']}' ({case['why']}) "
+        f"lost points\n{run.describe(lines=40)}"
+    )
