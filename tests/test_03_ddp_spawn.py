@@ -1,17 +1,26 @@
 """Grades lesson 03: DDP with mp.spawn (lessons/03_ddp_spawn/train.py).
 
-Two launches per backend, started at the same time and shared by every test
-(cached per backend): the lesson with 2 ranks and a per-rank batch of 64, and
-the lesson with 1 rank and a batch of 128, the reference. Both train the
-model without BatchNorm (--norm none), where "2 ranks x 64" and "1 process x
-128" are the same computation up to floating-point summation order.
+Three launches per backend, started at the same time and shared by every
+test (cached per backend): the lesson with 2 ranks and a per-rank batch of
+64, and the lesson with 1 rank and a batch of 128, the reference. Both train
+the model without BatchNorm (--norm none), where "2 ranks x 64" and "1
+process x 128" are the same computation up to floating-point summation
+order. The third, `learn`, trains the default model (with BatchNorm) on 2
+ranks x 32 for 2 epochs and must learn the digits.
 
-Equivalence tolerance: fp32 on CPU (gloo) adds the two halves of the batch in
-a different order than one big batch does, so it is not bit-exact; after the
-24 steps here the largest parameter difference is about 6e-8 (measured), and
-the test allows 1e-5. A rank training alone, a summed instead of averaged
-gradient or a wrong shard is off by 1e-2 or more. On GPUs (nccl), cuDNN picks
-batch-size-dependent algorithms (and TF32), hence a looser 1e-3.
+Equivalence tolerance, from a measured distribution: fp32 on the CPU (gloo)
+adds the two halves of the batch in another order than one big batch does,
+so the runs are not bit-exact. Over seeds 0-11 (PyTorch 2.14.1, 2 cores) the
+largest parameter difference after the 24 steps was 3.0e-8 to 9.7e-8, except
+seed 4: 1.05e-4 (24 steps of SGD with momentum can amplify a rounding
+difference). The test allows 1e-3, ten times the worst seen; a rank training
+alone, a summed gradient or a wrong shard is off by 1e-2 or more. On GPUs
+(nccl) the same 1e-3 (measured at seed 0: 3.7e-8 on 2x H200).
+
+Learning threshold, measured the same way: `learn` reached 90.8-97.5 % test
+accuracy over seeds 0-5; a loop that never zeroes its gradients reached
+5.6-7.5 % (seeds 0-2). The test asks for 80 %. The equivalence runs alone
+cannot tell: without BatchNorm they end near chance (8-19 %) either way.
 """
 
 from __future__ import annotations
@@ -29,7 +38,8 @@ LESSON = lessons.get("03")
 FUNCTIONS = ("parse_args", "setup", "make_loaders", "build_ddp_model", "train", "worker", "main")
 PER_RANK_BATCH, EPOCHS, TRAIN_IMAGES = 64, 2, 1438  # digits' fixed train split
 STEPS = EPOCHS * -(-TRAIN_IMAGES // (2 * PER_RANK_BATCH))  # 12 steps an epoch
-ATOL = {"gloo": 1e-5, "nccl": 1e-3}
+ATOL = {"gloo": 1e-3, "nccl": 1e-3}
+LEARNED = 0.8  # test accuracy after `learn`'s 2 epochs; see the docstring
 SYNC_BN_ATOL = 1e-3
 
 _runs: dict = {}
@@ -59,6 +69,9 @@ def runs(impl, backend, tmp_path_factory):
             extra = ["--norm", "none", "--batch-size", batch, "--checkpoint", "out/ckpt.pt"]
             extra += ["--metrics-out", "out/metrics.json", "--record-shards"]
             jobs[name] = launch(impl, folder, *extra, nproc=nproc, backend=backend)
+        folder = folders["learn"] = tmp_path_factory.mktemp(f"learn-{backend}")
+        extra = ["--batch-size", 32, "--metrics-out", "metrics.json"]
+        jobs["learn"] = launch(impl, folder, *extra, nproc=2, backend=backend)
         results = procs.run_all(jobs)
         _runs[backend] = {name: (results[name], folders[name]) for name in jobs}
     return _runs[backend]
@@ -89,6 +102,21 @@ def test_two_ranks_equal_one_process_with_the_global_batch(runs, backend):
         f"after {STEPS} steps the 2-rank model differs from the 1-process model by {worst:.2e} "
         f"(allowed {ATOL[backend]:g}): are the gradients averaged by DDP, and does each rank "
         f"train on its own DistributedSampler shard?"
+    )
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+def test_two_ranks_learn_the_digits(runs, backend):
+    """2 ranks x 32 images, 2 epochs of the default model: at least 80 % test accuracy."""
+    _, folder = finished(runs, "learn")
+    metrics = json.loads((folder / "metrics.json").read_text())
+    accuracy, losses = metrics["final_accuracy"], [e["train_loss"] for e in metrics["epochs"]]
+    assert accuracy >= LEARNED, (
+        f"after 2 epochs the model reaches {accuracy:.1%} test accuracy (expected at least "
+        f"{LEARNED:.0%}); train loss per epoch {[round(x, 3) for x in losses]}. Likely cause: "
+        "the training step is broken (gradients never cleared, or no optimizer step), or "
+        "each rank trains on too little of the data"
     )
 
 

@@ -3,12 +3,17 @@
 Every launch is `torchrun --standalone --nproc_per_node=2` (as `python -m
 course run 04` builds it) training 2 epochs of 6 steps (per-rank batch 128),
 with a snapshot every 4 steps. Faults are injected through course.chaos's
-environment variables, on the first attempt only. Three launches start at
-once and are shared by the tests (cached per backend):
+environment variables, from inside the processes (course/probes.py), whatever
+code the lesson uses. Three launches start at once and are shared by the
+tests (cached per backend):
 
   ref    no fault: the result every other run must reproduce, bit for bit
-  kill   rank 1 SIGKILLs itself after step 7; --max-restarts 1
-  crash  rank 0 SIGKILLs itself halfway through writing the 2nd snapshot
+  kill   snapshots every 3 steps; rank 1 SIGKILLs itself after step 5 (the
+         group resumes from step 3, mid-epoch), and again 4 steps into the
+         second attempt, at step 7: the step-6 snapshot, taken inside the
+         resumed epoch, must say "epoch 1 done", or the third attempt trains
+         part of epoch 1 twice; --max-restarts 2
+  crash  rank 0 SIGKILLs itself as it puts the 2nd snapshot in place
          (step 8); --max-restarts 0, so the job fails
 
 and a fourth, `resume`, runs the same command again without a fault on a
@@ -35,11 +40,12 @@ from course.write_log import WRITE_LOG_ENV
 
 LESSON = lessons.get("04")
 FUNCTIONS = ("parse_args", "setup", "save_snapshot", "load_snapshot", "train", "main")
-STEPS, EVERY, KILL_STEP = 12, 4, 7
+STEPS, EVERY = 12, 4
+KILL_EVERY, KILL_STEPS = 3, (5, 4)  # the kill run: snapshot period, kills per attempt
 ARGS = ["--epochs", "2", "--batch-size", "128", "--seed", "0", "--quiet"]
 ARGS += ["--snapshot", "snapshot.pt", "--snapshot-every", str(EVERY), "--checkpoint", "final.pt"]
 
-NAMES = ("ref", "kill", "crash", "resume", "twice")
+NAMES = ("ref", "kill", "crash", "resume")
 _runs: dict = {}
 
 
@@ -74,21 +80,16 @@ def runs(impl, backend, tmp_path_factory):
             shutil.rmtree(folders["resume"] / "ranks", ignore_errors=True)
             return crash, launch("resume", 0)
 
-        def twice():
-            # Snapshots every 3 steps; rank 1 dies after step 5 (resume from step 3,
-            # mid-epoch), and again 4 steps into the second attempt, at step 7:
-            # the step-6 snapshot, taken inside the resumed epoch, must say "epoch 1
-            # done", or the third attempt trains part of epoch 1 twice.
-            env = {KILL_RANK: "1", KILL_AT_STEP: "5,4"}
-            return procs.run(**torchrun(impl, backend, folders["twice"], 2, env, every=3))
+        def kill():
+            env = {KILL_RANK: "1", KILL_AT_STEP: ",".join(map(str, KILL_STEPS))}
+            return procs.run(**torchrun(impl, backend, folders["kill"], 2, env, KILL_EVERY))
 
-        with ThreadPoolExecutor(max_workers=4) as pool:
+        with ThreadPoolExecutor(max_workers=3) as pool:
             ref = pool.submit(launch, "ref", 1)
-            kill = pool.submit(launch, "kill", 1, {KILL_RANK: "1", KILL_AT_STEP: str(KILL_STEP)})
-            two = pool.submit(twice)
+            killed = pool.submit(kill)
             crash, resume = pool.submit(crash_then_resume).result()
-            results = {"ref": ref.result(), "kill": kill.result(), "crash": crash, "resume": resume}
-            results["twice"] = two.result()
+            results = {"ref": ref.result(), "kill": killed.result(), "crash": crash}
+            results["resume"] = resume
         _runs[backend] = {name: (results[name], folders[name]) for name in NAMES}
     return _runs[backend]
 
@@ -117,15 +118,15 @@ def rank_log(result, rank):
 @pytest.mark.core
 @pytest.mark.points(4)
 def test_killed_rank_is_restarted_and_the_result_is_bit_exact(runs, backend):
-    """Rank 1 is SIGKILLed after step 7; the restarted group resumes from the
-    step-4 snapshot and ends bit-identical to an uninterrupted run."""
+    """Rank 1 is SIGKILLed after step 5; the restarted group resumes from the
+    step-3 snapshot and ends bit-identical to an uninterrupted run."""
     result, folder = finished(runs, "kill")
     _, ref_folder = finished(runs, "ref")
-    assert f"rank 1 killed after step {KILL_STEP}" in rank_log(result, 1), (
-        f"the fault was not injected: rank 1 never finished optimizer step {KILL_STEP}"
+    assert "rank 1 killed after step 5" in rank_log(result, 1), (
+        "the fault was not injected: rank 1 never finished optimizer step 5"
     )
-    assert re.search(r"resumed from .* at step 4\b", rank_log(result, 0)), (
-        f"the restarted group should resume from the step-4 snapshot\n{result.describe()}"
+    assert re.search(r"resumed from .* at step 3\b", rank_log(result, 0)), (
+        f"the restarted group should resume from the step-3 snapshot\n{result.describe()}"
     )
     assert_same_weights(folder, ref_folder)
 
@@ -135,7 +136,7 @@ def test_killed_rank_is_restarted_and_the_result_is_bit_exact(runs, backend):
 def test_a_second_crash_inside_a_resumed_epoch_loses_and_repeats_nothing(runs, backend):
     """Killed after step 5 and again after step 7: the step-6 snapshot, taken in the
     resumed epoch, records the whole epoch as done, and the run ends bit-exact at step 12."""
-    result, folder = finished(runs, "twice")
+    result, folder = finished(runs, "kill")
     _, ref_folder = finished(runs, "ref")
     kills = [line for line in rank_log(result, 1).splitlines() if line.startswith("chaos: rank 1")]
     assert len(kills) == 2, f"expected two kills of rank 1, saw {kills}\n{result.describe()}"

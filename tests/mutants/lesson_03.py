@@ -30,6 +30,13 @@ MUTANTS = [
         new="train_set, num_replicas=world_size, rank=0, shuffle=True, seed=args.seed",
         caught_by="disjoint_shards or global_batch",
     ),
+    dict(
+        name="gradients_never_cleared",
+        why="no optimizer.zero_grad(): gradients pile up; two ranks still equal one process",
+        old="        optimizer.zero_grad(set_to_none=True)\n",
+        new="",
+        caught_by="learn",
+    ),
 ]
 
 ALTERNATIVES = [
