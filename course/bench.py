@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from course import lessons, procs, step_clock
+from course import REPO_ROOT, lessons, procs, step_clock
 
 KIND = "course-bench"
 
@@ -193,7 +193,7 @@ def _short(arg: str) -> str:
     if arg == sys.executable:
         return "python"
     try:
-        return str(Path(arg).resolve().relative_to(lessons.REPO_ROOT))
+        return str(Path(arg).resolve().relative_to(REPO_ROOT))
     except (ValueError, OSError):
         return arg
 

@@ -21,6 +21,8 @@ ENVIRONMENT = ("COURSE_STEP_LOG", "COURSE_WRITE_LOG", "COURSE_KILL_AT_STEP", "CO
 
 
 def install() -> None:
+    if not any(os.environ.get(name) for name in ENVIRONMENT):
+        return  # the common case: a plain run, nothing to watch
     if os.environ.get("COURSE_STEP_LOG"):
         from course import step_clock
 

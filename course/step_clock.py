@@ -26,18 +26,12 @@ LOG_ENV = "COURSE_STEP_LOG"
 EVERY_ENV = "COURSE_STEP_EVERY"
 
 
-def _rank() -> int:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return int(os.environ.get("RANK", "0"))
-
-
 def install() -> None:
     """Register the hook (idempotent enough: one call per process, from sitecustomize)."""
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from course.write_log import current_rank
 
     folder = Path(os.environ[LOG_ENV])
     every = max(1, int(os.environ.get(EVERY_ENV, "1")))
@@ -53,7 +47,7 @@ def install() -> None:
         line = f"{steps} {time.perf_counter():.6f}\n"
         # O_APPEND, one write: a reader never sees half a line.
         fd = os.open(
-            folder / f"rank{_rank()}.{os.getpid()}.txt",
+            folder / f"rank{max(current_rank(), 0)}.{os.getpid()}.txt",
             os.O_WRONLY | os.O_CREAT | os.O_APPEND,
             0o644,
         )

@@ -3,7 +3,7 @@
 course.procs puts it there for every process it launches (the grader's,
 `python -m course run`'s, `course bench`'s). When one of the COURSE_*
 variables of course/probes.py is set, it installs those probes; otherwise it
-does nothing and imports nothing. Afterwards it runs the sitecustomize this
+does nothing else. Afterwards it runs the sitecustomize this
 one shadows, if the Python installation has one.
 """
 
@@ -12,10 +12,11 @@ import importlib.util
 import os
 import sys
 
-_ARMED = ("COURSE_STEP_LOG", "COURSE_WRITE_LOG", "COURSE_KILL_AT_STEP", "COURSE_KILL_IN_SAVE")
-if any(os.environ.get(name) for name in _ARMED):  # the list in course/probes.py
+try:  # course.probes imports only `os` until a probe is armed
     from course import probes
-
+except ImportError:  # course is not importable here: nothing to install
+    probes = None
+if probes is not None:
     probes.install()
 
 _here = os.path.dirname(os.path.abspath(__file__))
