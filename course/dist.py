@@ -25,6 +25,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def no_per_step_buffer_sync() -> dict[str, bool]:
+    """DDP's keyword for "do not re-send rank 0's buffers before every forward".
+
+    PyTorch renamed it: up to 2.13 it is `broadcast_buffers=False` (which also
+    skips the sync at construction); from 2.14 that name warns, and
+    `forward_sync_buffers=False` skips only the per-step sync (buffers are still
+    made equal once, when DDP is built). Either way no collective per step.
+    """
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
 def cpu_share(ranks_on_this_machine: int) -> int:
     """How many CPU threads one rank should use for its own CPU math.
 

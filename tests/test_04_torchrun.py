@@ -50,10 +50,16 @@ _runs: dict = {}
 
 
 def torchrun(impl, backend, folder, restarts, env=None, every=EVERY):
-    """procs.run kwargs for one torchrun launch of the lesson in `folder`."""
+    """One torchrun launch of the lesson in `folder` (an empty folder)."""
     args = [*ARGS[:-4], "--snapshot-every", str(every), *ARGS[-2:]]
     command = lesson_command(LESSON, impl, 2, backend, args, max_restarts=restarts)
-    return dict(
+
+    def fresh():  # before a second launch: the folder as the first one found it
+        for path in folder.iterdir():
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+    return procs.run_torchrun(
+        fresh=fresh,
         args=command,
         timeout=150,
         cwd=folder,
@@ -72,7 +78,7 @@ def runs(impl, backend, tmp_path_factory):
         folders = {name: tmp_path_factory.mktemp(f"{name}-{backend}") for name in NAMES}
 
         def launch(name, restarts, env=None):
-            return procs.run(**torchrun(impl, backend, folders[name], restarts, env))
+            return torchrun(impl, backend, folders[name], restarts, env)
 
         def crash_then_resume():
             crash = launch("crash", 0, {KILL_IN_SAVE: "snapshot.pt:2"})
@@ -82,7 +88,7 @@ def runs(impl, backend, tmp_path_factory):
 
         def kill():
             env = {KILL_RANK: "1", KILL_AT_STEP: ",".join(map(str, KILL_STEPS))}
-            return procs.run(**torchrun(impl, backend, folders["kill"], 2, env, KILL_EVERY))
+            return torchrun(impl, backend, folders["kill"], 2, env, KILL_EVERY)
 
         with ThreadPoolExecutor(max_workers=3) as pool:
             ref = pool.submit(launch, "ref", 1)

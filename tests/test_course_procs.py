@@ -92,3 +92,45 @@ def test_a_students_environment_keeps_its_own_thread_settings(monkeypatch):
     assert procs.child_env(one_thread=False)["OMP_NUM_THREADS"] == "8"
     env = procs.child_env({"OMP_NUM_THREADS": None}, one_thread=False)  # None unsets
     assert "OMP_NUM_THREADS" not in env and env["NCCL_NVLS_ENABLE"] == "0"
+
+
+RACE_SCRIPT = """
+import os, sys, time
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    if os.environ["LOCAL_RANK"] == "0":
+        if sys.argv[1] == "race":  # as if stopped between opening its error file and writing it
+            open(os.environ["TORCHELASTIC_ERROR_FILE"], "w").close()
+        time.sleep(60)
+    time.sleep(0.5)
+    os._exit(1)
+
+main()
+"""
+
+
+def test_torchrun_agent_race_is_recognised_and_launched_again(tmp_path):
+    """torchrun's agent dies when it reads an empty error file (a PyTorch race that
+    the lesson-04 fault runs can hit): run_torchrun sees it and launches once more."""
+    script = tmp_path / "race.py"
+    script.write_text(RACE_SCRIPT)
+    fresh_calls = []
+
+    def launch(case):
+        args = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        args += ["--nproc_per_node=2", "--max-restarts=0", str(script), case]
+        return procs.run_torchrun(
+            fresh=lambda: fresh_calls.append(1), args=args, timeout=60, cwd=tmp_path
+        )
+
+    raced = launch("race")
+    assert fresh_calls == [1], raced.describe()
+    assert procs.torchrun_agent_raced(raced), raced.describe()
+    assert raced.output.startswith("course: torchrun's agent died"), raced.output[:300]
+    assert raced.seconds < 30, "torchrun should stop the sleeping rank, not wait for it"
+
+    failed = launch("plain")  # rank 1 fails, rank 0 leaves no error file: no race
+    assert fresh_calls == [1] and not procs.torchrun_agent_raced(failed), failed.describe()
+    assert failed.returncode != 0 and "ChildFailedError" in failed.output, failed.describe()

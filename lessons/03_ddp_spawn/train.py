@@ -43,7 +43,13 @@ from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
 from course import checkpoint, data, models
-from course.dist import cpu_share, free_port, process_group_timeout, redirect_output_for_rank
+from course.dist import (
+    cpu_share,
+    free_port,
+    no_per_step_buffer_sync,
+    process_group_timeout,
+    redirect_output_for_rank,
+)
 from course.train_utils import (
     ArgumentParser,
     add_speed_options,
@@ -97,7 +103,7 @@ def setup(rank: int, world_size: int, backend: str) -> torch.device:
     # Then join: dist.init_process_group(backend, rank=..., world_size=...,
     # timeout=process_group_timeout(), device_id=device for a GPU else None).
     # MASTER_ADDR and MASTER_PORT come from the environment the parent set up.
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:100 is not done yet")
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:106 is not done yet")
     return device
 
 
@@ -112,7 +118,7 @@ def make_loaders(train_set, test_set, args, device: torch.device, rank: int, wor
     # shards that together cover the epoch. With drop_last=False (the default)
     # it pads the shards to equal length, so every rank takes the same number
     # of steps; a rank with one batch more would wait forever in its all-reduce.
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:115 is not done yet")
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:121 is not done yet")
     # The sampler does the shuffling now (shuffle= and sampler= are exclusive).
     # data.loader: workers and pinned memory only where they help (lesson 01).
     workers = args.num_workers
@@ -217,9 +223,9 @@ def build_ddp_model(args, num_classes, channels, device):
     model = model.to(device, memory_format=memory_format(args))
     # TODO: wrap the model in DDP. device_ids=[device.index] on a GPU (the one
     # device this replica lives on), None on the CPU. Optional, for speed:
-    # gradient_as_bucket_view=True and broadcast_buffers=False (see the page,
+    # gradient_as_bucket_view=True and no buffer sync before every forward (see the page,
     # "How fast should it be?").
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:222 is not done yet")
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:228 is not done yet")
     return ddp
 
 
@@ -267,7 +273,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
         # shuffles with seed + epoch; without the call every epoch reuses
         # epoch 0's order, and each rank sees the same shard in the same order
         # every epoch (no error, just a quietly worse model).
-        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:270 is not done yet")
+        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:276 is not done yet")
         if args.record_shards:
             metrics["shards"].append(gather_shards(train_loader.sampler))
         left = None if args.max_steps is None else args.max_steps - step
@@ -312,7 +318,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
         # keys have no "module." prefix, so lesson 01's model loads it. All
         # ranks hold the same weights; N writers would race on one file. Then
         # every rank waits at dist.barrier() until the file is complete.
-        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:315 is not done yet")
+        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:321 is not done yet")
 
     if rank != 0:
         return None
@@ -363,7 +369,7 @@ def main(argv=None) -> None:
     # collide). The children inherit the environment. Then start the ranks:
     # mp.spawn(worker, args=(world_size, backend, args), nprocs=world_size).
     # If any rank raises, mp.spawn stops the others and raises here.
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:366 is not done yet")
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:372 is not done yet")
 
 
 # --8<-- [end:spawn]

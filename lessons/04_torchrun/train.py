@@ -47,7 +47,12 @@ from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
 from course import checkpoint, data, models
-from course.dist import cpu_share, process_group_timeout, redirect_output_for_rank
+from course.dist import (
+    cpu_share,
+    no_per_step_buffer_sync,
+    process_group_timeout,
+    redirect_output_for_rank,
+)
 from course.train_utils import (
     ArgumentParser,
     add_speed_options,
@@ -97,7 +102,7 @@ def setup(backend: str) -> tuple[int, int, int, torch.device]:
     # exist), else the CPU. As in lesson 03, set the GPU as the current device
     # before init_process_group; call it without rank, world_size or an
     # init_method: its default, "env://", reads them and MASTER_ADDR/PORT.
-    raise NotImplementedError("TODO at 04_torchrun/train.py:100 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:105 is not done yet")
     # Bit-identical resumes on GPUs also need deterministic kernels: cuDNN may
     # otherwise pick a different (or atomics-based) convolution algorithm.
     torch.backends.cudnn.deterministic = True
@@ -225,7 +230,7 @@ def save_snapshot(path, model, optimizer, epoch: int, batches_done: int, step: i
     # (batches of that epoch already trained), "step", "rng" (the list) and
     # "world_size". checkpoint.save writes a temporary file and renames it:
     # a crash mid-write leaves the previous snapshot intact.
-    raise NotImplementedError("TODO at 04_torchrun/train.py:228 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:233 is not done yet")
     # No barrier: only a restarted group reads the file, and torchrun restarts a
     # group only after every process of the old one has exited.
 
@@ -237,7 +242,7 @@ def load_snapshot(path, model, optimizer, device) -> tuple[int, int, int]:
     # load the model's (model.module) and the optimizer's state, this rank's
     # random generators (checkpoint.set_rng_state(state["rng"][rank])), and
     # return (epoch, batches_done, step).
-    raise NotImplementedError("TODO at 04_torchrun/train.py:240 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:245 is not done yet")
 
 
 # --8<-- [end:snapshot]
@@ -259,9 +264,9 @@ def build_ddp_model(args, num_classes, channels, device):
     model = model.to(device, memory_format=memory_format(args))
     # TODO: wrap the model in DDP. device_ids=[device.index] on a GPU (the one
     # device this replica lives on), None on the CPU. Optional, for speed:
-    # gradient_as_bucket_view=True and broadcast_buffers=False (see the page,
+    # gradient_as_bucket_view=True and no buffer sync before every forward (see the page,
     # "How fast should it be?").
-    raise NotImplementedError("TODO at 04_torchrun/train.py:264 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:269 is not done yet")
     return ddp
 
 
@@ -316,7 +321,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
         # Keep that number of batches in `done_before`: a snapshot taken later
         # in this epoch must count the batches trained before the restart too.
         # Then reset `skip` to 0 so the following epochs start at the top.
-        raise NotImplementedError("TODO at 04_torchrun/train.py:319 is not done yet")
+        raise NotImplementedError("TODO at 04_torchrun/train.py:324 is not done yet")
         if args.record_shards:
             metrics["shards"].append(gather_shards(train_loader.sampler))
         left = None if args.max_steps is None else args.max_steps - step

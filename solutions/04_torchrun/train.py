@@ -47,7 +47,12 @@ from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
 from course import checkpoint, data, models
-from course.dist import cpu_share, process_group_timeout, redirect_output_for_rank
+from course.dist import (
+    cpu_share,
+    no_per_step_buffer_sync,
+    process_group_timeout,
+    redirect_output_for_rank,
+)
 from course.train_utils import (
     ArgumentParser,
     add_speed_options,
@@ -294,7 +299,7 @@ def build_ddp_model(args, num_classes, channels, device):
     model = model.to(device, memory_format=memory_format(args))
     # TODO: wrap the model in DDP. device_ids=[device.index] on a GPU (the one
     # device this replica lives on), None on the CPU. Optional, for speed:
-    # gradient_as_bucket_view=True and broadcast_buffers=False (see the page,
+    # gradient_as_bucket_view=True and no buffer sync before every forward (see the page,
     # "How fast should it be?").
     ### BEGIN SOLUTION
     ddp = DDP(
@@ -308,7 +313,7 @@ def build_ddp_model(args, num_classes, channels, device):
         # statistics) to every rank before every forward pass. Only rank 0's
         # are ever read here (it alone evaluates and saves), so skip that
         # broadcast: one collective and ~160 small copies per step fewer.
-        broadcast_buffers=False,
+        **no_per_step_buffer_sync(),  # broadcast_buffers=False, renamed in torch 2.14
     )
     ### END SOLUTION
     return ddp
