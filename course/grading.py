@@ -10,18 +10,28 @@ Points: a test in tests/test_NN_*.py grades lesson NN and is worth
 phase of it passed; an error in a fixture, a timeout or a crashed worker is a
 failure worth 0. Skipped tests (the nccl variants on a machine without enough
 GPUs) count neither way, and the table says how many were skipped.
+
+Integrity (docs/threat-model.md): this process never imports a submission;
+student code runs only in child processes (course/calls.py, course/procs.py),
+and a test fails if a submission's module ever turns up in sys.modules here.
+The results file is written by this process alone: a zero-score file when the
+session starts (a killed grading leaves no stale score), and the real one
+last, after every process the children started, even those that left their
+process group, has been killed.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from course import calls, procs
 from course import lessons as registry
-from course import loader
 from course.files import write_json_atomic
 
 LESSON_FILE = re.compile(r"test_(\d\d)_")
@@ -44,18 +54,39 @@ def pytest_configure(config):
         config.course_impl = registry.resolve_impl(config.getoption("impl"))
     except FileNotFoundError as err:
         raise pytest.UsageError(str(err)) from None
+    procs.become_subreaper()  # orphans of the children come back to us, to be killed
     if hasattr(config, "workerinput"):
         return  # an xdist worker: the controller keeps the grade
     config.pluginmanager.register(GradeBook(config), "course-gradebook")
 
 
-def load_lesson(impl, lesson: registry.Lesson, requires=()):
-    """Import a lesson's script for a test, or fail the test with one line saying why."""
-    try:
-        return loader.load(lesson.path(impl), requires=tuple(requires))
-    except loader.LessonError as err:
-        message = str(err)
-    pytest.fail(message, pytrace=False)  # outside `except`: no chained traceback
+class LessonCalls:
+    """A lesson's functions as called in a child process by its case script
+    (course/calls.py): `calls("case")` is the value the case returned, and a
+    case that raised fails the test with one line saying what and where."""
+
+    def __init__(self, outcome: calls.Outcome):
+        self.outcome = outcome
+
+    def _get(self, method, name):
+        try:
+            return method(name)
+        except calls.CaseFailed as err:
+            message = str(err)
+        pytest.fail(message, pytrace=False)  # outside `except`: no chained traceback
+
+    def __call__(self, name: str):
+        return self._get(self.outcome.value, name)
+
+    def tensors(self, name: str) -> dict:
+        return self._get(self.outcome.tensors, name)
+
+
+def call_lesson(impl, lesson: registry.Lesson, cases: Path, folder: Path) -> LessonCalls:
+    """Run the case script `cases` on the lesson file of `impl` in a child, in `folder`.
+
+    The grading process never imports the submission (see course/calls.py)."""
+    return LessonCalls(calls.run_cases(cases, lesson.path(impl), folder))
 
 
 def lesson_of(path: Path) -> str | None:
@@ -75,10 +106,36 @@ def pytest_collection_modifyitems(config, items):
         item.user_properties.append(("course_points", points))
 
 
+_checked: set[str] = set()  # modules already known not to be the submission's
+
+
+def submission_modules(impl: Path) -> list[str]:
+    """Modules loaded in this process from files under `impl` (there must be none)."""
+    root = os.path.realpath(impl) + os.sep
+    found = []
+    for name, module in list(sys.modules.items()):
+        if name in _checked:
+            continue
+        file = getattr(module, "__file__", None)
+        if file and os.path.realpath(file).startswith(root):
+            found.append(name)
+        else:
+            _checked.add(name)
+    return found
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
+    impl = item.config.course_impl
+    if call.when == "call" and submission_modules(impl):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"the grading process imported the submission ({submission_modules(impl)}): "
+            "a test must call student code in a child process (course/calls.py)"
+        )
+        return
     # An unsolved TODO is not a bug to debug: say which TODO in one line.
     if call.excinfo is not None and call.excinfo.errisinstance(NotImplementedError):
         report.longrepr = f"NotImplementedError: {call.excinfo.value}"
@@ -93,7 +150,7 @@ class GradeBook:
         self.tests: dict[str, dict] = {}
         self.points: dict[str, float] = {}
         if self.path:
-            self.write()
+            self.write()  # all zero until the end: a killed grading leaves no stale score
 
     # --- collecting results -------------------------------------------------
     def pytest_collection_modifyitems(self, items):
@@ -125,8 +182,7 @@ class GradeBook:
         return self.tests[nodeid]
 
     def pytest_runtest_logstart(self, nodeid, location):
-        if self._entry(nodeid) is not None and self.path:
-            self.write()
+        self._entry(nodeid)
 
     def pytest_runtest_logreport(self, report):
         props = dict(report.user_properties)
@@ -149,8 +205,6 @@ class GradeBook:
         elif phases.get("call") == "passed":
             entry["status"] = "passed"
             entry["output"] = ""
-        if report.when == "teardown" and self.path:
-            self.write()
 
     # --- reporting ----------------------------------------------------------
     def graded(self):
@@ -193,7 +247,11 @@ class GradeBook:
         }
         write_json_atomic(results, self.path)  # a crash mid-write leaves the last version
 
+    @pytest.hookimpl(hookwrapper=True, trylast=True)
     def pytest_sessionfinish(self, session):
+        yield  # after every other plugin's session end (xdist stops its workers there)
+        # Nothing a submission started may outlive the grading and touch the file.
+        procs.kill_descendants()
         if self.path:
             self.write()
 

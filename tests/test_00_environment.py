@@ -1,111 +1,135 @@
 """Grades lesson 00: environment check (lessons/00_environment/env_check.py).
 
-The CUDA-present cases are simulated with monkeypatch so they grade on any
-laptop; the `gpus` tests check the same functions against real GPUs.
+The lesson's functions run in a child process (tests/cases/lesson_00.py),
+never in this one; its CUDA-present cases pretend GPUs exist, so they grade
+on any laptop, and the `gpus` test checks the same functions on real GPUs.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from course import lessons
-from course.grading import load_lesson
+from course.grading import call_lesson
 
 LESSON = lessons.get("00")
-FUNCTIONS = ("cuda_device_count", "library_report", "pick_backend", "device_for", "main")
+CASES = Path(__file__).with_name("cases") / "lesson_00.py"
 
 
-@pytest.fixture
-def env(impl):
-    return load_lesson(impl, LESSON, requires=FUNCTIONS)
-
-
-def fake_gpus(monkeypatch, count: int, nccl: bool = True):
-    """Pretend this machine has `count` usable GPUs (0 = CUDA unusable)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
-    # A device count without a usable CUDA: what a broken driver looks like.
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: count or 2)
-    monkeypatch.setattr(dist, "is_nccl_available", lambda: nccl)
+@pytest.fixture(scope="module")
+def env(impl, tmp_path_factory):
+    """Every case of lesson 00, run once in one child process."""
+    return call_lesson(impl, LESSON, CASES, tmp_path_factory.mktemp("cases00"))
 
 
 @pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.parametrize("count", [1, 4])
-def test_device_count_with_cuda(env, monkeypatch, count):
-    fake_gpus(monkeypatch, count)
-    assert env.cuda_device_count() == count
+def test_device_count_with_cuda(env, count):
+    got = env(f"device_count_{count}")
+    assert got == count, (
+        f"with {count} usable GPU(s), cuda_device_count() should return {count}, "
+        f"but returned {got!r}. Likely cause: it does not ask torch.cuda.device_count()"
+    )
 
 
 @pytest.mark.core
 @pytest.mark.points(2)
-def test_device_count_is_zero_when_cuda_is_unusable(env, monkeypatch):
-    fake_gpus(monkeypatch, 0)
-    assert env.cuda_device_count() == 0
+def test_device_count_is_zero_when_cuda_is_unusable(env):
+    got = env("device_count_0")
+    assert got == 0, (
+        f"when torch.cuda.is_available() is False, cuda_device_count() should return 0, "
+        f"but returned {got!r}. Likely cause: device_count() can report GPUs that a broken "
+        "driver makes unusable; check is_available() first"
+    )
 
 
 @pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.parametrize(
-    ("count", "nccl", "expected"),
-    [(2, True, "nccl"), (1, True, "nccl"), (0, True, "gloo"), (2, False, "gloo")],
+    ("case", "expected"),
+    [("2_nccl", "nccl"), ("1_nccl", "nccl"), ("0_nccl", "gloo"), ("2_no_nccl", "gloo")],
     ids=["2-gpus", "1-gpu", "no-gpu", "no-nccl-in-build"],
 )
-def test_pick_backend(env, monkeypatch, count, nccl, expected):
-    fake_gpus(monkeypatch, count, nccl)
-    assert env.pick_backend() == expected
+def test_pick_backend(env, case, expected):
+    got = env(f"pick_backend_{case}")
+    gpus, nccl = case.split("_", 1)
+    situation = f"{gpus} usable GPU(s), NCCL {'absent from' if 'no' in nccl else 'in'} the build"
+    assert got == expected, (
+        f"with {situation}, pick_backend() should return {expected!r}, but returned {got!r}. "
+        "nccl needs both a usable GPU and a build with NCCL; gloo works everywhere else"
+    )
 
 
 @pytest.mark.core
 @pytest.mark.points(2)
-def test_device_for_without_gpus_is_cpu(env, monkeypatch):
-    fake_gpus(monkeypatch, 0)
-    assert env.device_for(0) == torch.device("cpu")
-    assert env.device_for(3) == torch.device("cpu")  # CPU ranks share the CPU
+def test_device_for_without_gpus_is_cpu(env):
+    got = env("device_for_no_gpu")
+    assert got == ["cpu", "cpu"], (
+        f"without GPUs, device_for(0) and device_for(3) should both be cpu (CPU ranks share "
+        f"the CPU), but were {got}"
+    )
 
 
 @pytest.mark.core
 @pytest.mark.points(2)
-def test_device_for_with_gpus_is_one_gpu_per_rank(env, monkeypatch):
-    fake_gpus(monkeypatch, 2)
-    assert [env.device_for(r) for r in (0, 1)] == [torch.device("cuda", 0), torch.device("cuda", 1)]
+def test_device_for_with_gpus_is_one_gpu_per_rank(env):
+    got = env("device_for_two_gpus")
+    assert got == ["cuda:0", "cuda:1"], (
+        f"with 2 GPUs, device_for(0) and device_for(1) should be cuda:0 and cuda:1 (one GPU "
+        f"per process), but were {got}"
+    )
 
 
 @pytest.mark.points(1)
 @pytest.mark.parametrize("rank", [-1, 2])
-def test_device_for_rejects_a_rank_without_a_gpu(env, monkeypatch, rank):
-    fake_gpus(monkeypatch, 2)
-    with pytest.raises(ValueError):
-        env.device_for(rank)
+def test_device_for_rejects_a_rank_without_a_gpu(env, rank):
+    got = env(f"device_for_rank_{rank}")
+    assert got["raised"] == "ValueError", (
+        f"with 2 GPUs, device_for({rank}) should raise ValueError (there is no such GPU), "
+        f"but returned {got.get('returned')!r}"
+    )
 
 
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_library_report_matches_this_build(env):
-    report = env.library_report()
-    assert report["cudnn_available"] == torch.backends.cudnn.is_available()
-    if report["cudnn_available"]:
-        assert report["cudnn_version"] == torch.backends.cudnn.version()
-    else:
-        assert report["cudnn_version"] is None
-    assert report["nccl_available"] == (dist.is_available() and dist.is_nccl_available())
-    assert report["gloo_available"] == (dist.is_available() and dist.is_gloo_available())
-    if report["nccl_available"] and torch.cuda.is_available():
-        assert report["nccl_version"] == ".".join(map(str, torch.cuda.nccl.version()))
-    else:
-        assert report["nccl_version"] is None
+    report = env("library_report")
+    cudnn = torch.backends.cudnn.is_available()
+    nccl = dist.is_available() and dist.is_nccl_available()
+    expected = {
+        "cudnn_available": cudnn,
+        "cudnn_version": torch.backends.cudnn.version() if cudnn else None,
+        "nccl_available": nccl,
+        "nccl_version": ".".join(map(str, torch.cuda.nccl.version()))
+        if nccl and torch.cuda.is_available()
+        else None,
+        "gloo_available": dist.is_available() and dist.is_gloo_available(),
+    }
+    wrong = {k: (report.get(k, "<missing>"), v) for k, v in expected.items() if report.get(k) != v}
+    assert not wrong, (
+        "library_report() differs from this PyTorch build (key: (reported, actual)): "
+        f"{wrong}. Versions are None when the library is absent"
+    )
 
 
 @pytest.mark.points(1)
-def test_json_report(env, capsys):
-    env.main(["--json"])
-    report = json.loads(capsys.readouterr().out)
+def test_json_report(env):
+    out = env("main_json")
+    try:
+        report = json.loads(out)
+    except ValueError:
+        pytest.fail(f"`env_check.py --json` should print one JSON object, printed:\n{out}")
     expected_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    assert report["gpu_count"] == expected_gpus
-    assert report["backend"] in ("gloo", "nccl")
+    assert report.get("gpu_count") == expected_gpus, (
+        f"gpu_count should be {expected_gpus} on this machine, was {report.get('gpu_count')!r}"
+    )
+    assert report.get("backend") in ("gloo", "nccl"), report
 
 
 @pytest.mark.points(2)
@@ -123,7 +147,6 @@ def test_script_answers_the_gpu_question(impl, run_script, backend):
 def test_real_gpus(env):
     """On a GPU machine the unpatched functions see the real devices."""
     count = torch.cuda.device_count()
-    assert env.cuda_device_count() == count
-    assert env.pick_backend() == "nccl"
-    device = env.device_for(count - 1)
-    assert torch.ones(2, device=device).sum().item() == 2
+    got = env("real_gpus")
+    want = {"count": count, "backend": "nccl", "device": f"cuda:{count - 1}", "sum": 2.0}
+    assert got == want, f"on this GPU machine expected {want}, got {got}"

@@ -1,31 +1,38 @@
 """Grades lesson 01: one device (lessons/01_single_device/train.py).
 
 Two script runs are shared by several tests (module-scoped fixtures): the
-default digits run and a run on a generated image folder. The resume test runs
-the lesson's `main` in this process, which skips the cost of importing torch.
+default digits run and a run on a generated image folder. The lesson's
+functions (and the resume, three calls of `main`) run in one child process,
+tests/cases/lesson_01.py, never in this one.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from course import checkpoint, data, lessons, models, procs
-from course.grading import load_lesson
+from course.grading import call_lesson
 
 LESSON = lessons.get("01")
-FUNCTIONS = ("parse_args", "train_one_epoch", "evaluate", "checkpoint_state", "restore", "main")
+CASES = Path(__file__).with_name("cases") / "lesson_01.py"
 CHECKPOINT_KEYS = {"model", "optimizer", "epoch", "step", "rng"}
 
 
-@pytest.fixture
-def train(impl):
-    return load_lesson(impl, LESSON, requires=FUNCTIONS)
+@pytest.fixture(scope="module")
+def cases_folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("cases01")
+
+
+@pytest.fixture(scope="module")
+def train(impl, cases_folder):
+    """Every case of lesson 01, run once in one child process (in cases_folder)."""
+    return call_lesson(impl, LESSON, CASES, cases_folder)
 
 
 def run_once(impl, folder, *args, timeout=90):
@@ -52,19 +59,10 @@ def digits_run(impl, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def resume_runs(impl, tmp_path_factory):
-    """In this process: 2 epochs straight, and 1 epoch + a resumed 2nd; returns both folders."""
-    train = load_lesson(impl, LESSON, requires=FUNCTIONS)
-    folder = tmp_path_factory.mktemp("resume")
-    common = ["--device", "cpu", "--batch-size", "128", "--quiet"]
-    straight, split = folder / "straight", folder / "split"
-    train.main([*common, "--epochs", "2", "--checkpoint", str(straight / "last.pt")])
-    train.main([*common, "--epochs", "1", "--checkpoint", str(split / "last.pt")])
-    torch.manual_seed(1234)  # disturb the global RNG: the resumed run must not depend on it
-    metrics = train.main(
-        [*common, "--epochs", "2", "--checkpoint", str(split / "last.pt"), "--resume"]
-    )
-    return straight, split, metrics
+def resume_runs(train, cases_folder):
+    """2 epochs straight, and 1 epoch + a resumed 2nd (the `resume` case); both folders."""
+    metrics = train("resume")
+    return cases_folder / "straight", cases_folder / "split", metrics
 
 
 @pytest.fixture(scope="module")
@@ -120,15 +118,31 @@ def test_learns_an_image_folder(folder_run):
     assert metrics["final_accuracy"] >= 0.9, metrics["final_accuracy"]
 
 
+def load_checkpoint(path, what):
+    try:
+        return checkpoint.load(path)
+    except FileNotFoundError:
+        pytest.fail(
+            f"{what}: expected a checkpoint at {path.name}, found none. Likely cause: main() "
+            "does not save to --checkpoint after each epoch",
+            pytrace=False,
+        )
+
+
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_checkpoint_is_complete_and_written_atomically(resume_runs):
     straight, _, _ = resume_runs
+    state = load_checkpoint(straight / "last.pt", "after `--epochs 2 --checkpoint last.pt`")
     files = sorted(p.name for p in straight.iterdir())
     assert files == ["last.pt"], f"temporary files left next to the checkpoint: {files}"
-    state = checkpoint.load(straight / "last.pt")
-    assert CHECKPOINT_KEYS <= set(state), f"missing {CHECKPOINT_KEYS - set(state)}"
-    assert (state["epoch"], state["step"]) == (2, 24)  # 1438 images in batches of 128
+    missing = CHECKPOINT_KEYS - set(state)
+    assert not missing, f"the checkpoint lacks {sorted(missing)}; checkpoint_state() makes it"
+    assert (state["epoch"], state["step"]) == (2, 24), (
+        f"after 2 epochs of 12 steps (1438 images, batch 128) the checkpoint should say epoch 2, "
+        f"step 24; it says epoch {state['epoch']}, step {state['step']}. Likely cause: the epoch "
+        "saved is the one in progress (epoch), not the number completed (epoch + 1)"
+    )
     model = models.build_model("cnn", 10, 1)
     model.load_state_dict(state["model"])  # loads into a fresh model, strict
     assert state["optimizer"]["state"], "the optimizer state (momentum) is empty"
@@ -139,80 +153,90 @@ def test_checkpoint_is_complete_and_written_atomically(resume_runs):
 def test_resume_is_bit_exact(resume_runs):
     """2 epochs straight == 1 epoch, stop, resume for 1 more: the same bits, on the CPU."""
     straight, split, metrics = resume_runs
-    assert metrics["start_epoch"] == 1
-    a, b = checkpoint.load(straight / "last.pt"), checkpoint.load(split / "last.pt")
-    assert (a["epoch"], a["step"]) == (b["epoch"], b["step"]) == (2, 24)
+    assert metrics["start_epoch"] == 1, (
+        f"resuming from a 1-epoch checkpoint should start at epoch 1, started at "
+        f"{metrics['start_epoch']!r}. Likely cause: restore() returns the wrong epoch"
+    )
+    a = load_checkpoint(straight / "last.pt", "2 epochs straight")
+    b = load_checkpoint(split / "last.pt", "1 epoch, then resumed for a 2nd")
+    assert (a["epoch"], a["step"]) == (b["epoch"], b["step"]) == (2, 24), (
+        f"straight: epoch {a['epoch']} step {a['step']}; resumed: epoch {b['epoch']} "
+        f"step {b['step']}; both should be epoch 2, step 24"
+    )
     differ = [k for k in a["model"] if not torch.equal(a["model"][k], b["model"][k])]
-    assert not differ, f"resumed weights differ from the uninterrupted run's: {differ[:5]}"
+    assert not differ, (
+        f"resumed weights differ from the uninterrupted run's: {differ[:5]}. Likely cause: "
+        "something the run depends on is not saved or not restored: the optimizer's momentum, "
+        "or the random generators (checkpoint.rng_state / set_rng_state)"
+    )
     for key, buf in a["optimizer"]["state"].items():
         assert torch.equal(buf["momentum_buffer"], b["optimizer"]["state"][key]["momentum_buffer"])
 
 
-# --- the functions, in this process ---------------------------------------------
-
-
-def tiny_problem(n=64):
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 4, generator=gen)
-    y = (x[:, 0] > 0).long()  # learnable by a linear model
-    return DataLoader(TensorDataset(x, y), batch_size=16)
+# --- the functions, in a child process --------------------------------------------
 
 
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_train_one_epoch_takes_optimizer_steps(train):
-    torch.manual_seed(0)
-    model = nn.Linear(4, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    loader = tiny_problem()
-    first, images, steps = train.train_one_epoch(model, loader, optimizer, torch.device("cpu"))
-    assert (images, steps) == (64, 4)
-    for _ in range(5):
-        last, _, _ = train.train_one_epoch(model, loader, optimizer, torch.device("cpu"))
-    assert last < first * 0.7, (first, last)
-    _, images, steps = train.train_one_epoch(model, loader, optimizer, torch.device("cpu"), 2)
-    assert (images, steps) == (32, 2), "max_steps is not respected"
-
-
-class Fixed(nn.Module):
-    """Predicts class 0 for the first half of the inputs and class 1 for the rest."""
-
-    def forward(self, x):
-        logits = torch.zeros(len(x), 2)
-        logits[:, 0] = (x[:, 0] < 0).float() * 2.0
-        logits[:, 1] = (x[:, 0] > 0).float() * 2.0
-        return logits
+    got = train("train_one_epoch")
+    losses = got["losses"]
+    assert got["counts"][0] == [64, 4], (
+        f"one epoch of 64 examples in batches of 16 should return (loss, 64, 4), returned "
+        f"images, steps = {got['counts'][0]}"
+    )
+    assert losses[-1] < losses[0] * 0.7, (
+        f"6 epochs on an easy problem should cut the loss by 30 %; epoch losses: "
+        f"{[round(x, 4) for x in losses]}. Likely cause: no optimizer.step(), or gradients "
+        "never cleared (optimizer.zero_grad())"
+    )
+    assert got["max_steps_2"] == [32, 2], (
+        f"with max_steps=2 the epoch should stop after 2 steps (32 images), returned "
+        f"images, steps = {got['max_steps_2']}"
+    )
 
 
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_evaluate_counts_accuracy_and_loss(train):
+    got = train("evaluate")
     x = torch.tensor([[-1.0], [-1.0], [1.0], [1.0]])
-    y = torch.tensor([0, 1, 1, 1])  # predictions 0, 0, 1, 1: three of four right
-    loader = DataLoader(TensorDataset(x, y), batch_size=3)  # uneven batches
-    loss, accuracy = train.evaluate(Fixed(), loader, torch.device("cpu"))
-    assert accuracy == pytest.approx(0.75)
-    expected = nn.functional.cross_entropy(Fixed()(x), y).item()
-    assert loss == pytest.approx(expected, rel=1e-5)
+    y = torch.tensor([0, 1, 1, 1])
+    logits = torch.zeros(4, 2)
+    logits[:, 0] = (x[:, 0] < 0).float() * 2.0
+    logits[:, 1] = (x[:, 0] > 0).float() * 2.0
+    expected = nn.functional.cross_entropy(logits, y).item()
+    assert got["accuracy"] == pytest.approx(0.75), (
+        f"3 of 4 predictions are right, in batches of 3 and 1: the accuracy should be 0.75, "
+        f"was {got['accuracy']}"
+    )
+    assert got["loss"] == pytest.approx(expected, rel=1e-5), (
+        f"the mean loss over the 4 examples should be {expected:.4f}, was {got['loss']:.4f}. "
+        "Likely cause: batch means averaged over batches of different sizes; sum the loss "
+        "(reduction='sum') and divide by the number of examples"
+    )
+    assert got["train_mode_model_accuracy"] == pytest.approx(0.75), (
+        "a model handed over in training mode was evaluated in training mode. Likely cause: "
+        "model.eval() is missing (BatchNorm and dropout then behave as in training)"
+    )
 
 
 @pytest.mark.core
 @pytest.mark.points(2)
-def test_checkpoint_state_round_trip(train, tmp_path):
-    torch.manual_seed(0)
-    model = models.build_model("cnn", 10, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    model(torch.randn(4, 1, 8, 8)).sum().backward()
-    optimizer.step()
-    path = checkpoint.save(train.checkpoint_state(model, optimizer, 3, 42), tmp_path / "c.pt")
-    expected_draw = torch.rand(3)
-    fresh = models.build_model("cnn", 10, 1)
-    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
-    assert train.restore(checkpoint.load(path), fresh, fresh_opt) == (3, 42)
-    assert torch.equal(torch.rand(3), expected_draw), "the RNG state was not restored"
-    for key, value in model.state_dict().items():
-        assert torch.equal(value, fresh.state_dict()[key]), key
-    assert fresh_opt.state_dict()["state"], "the optimizer's momentum was not restored"
+def test_checkpoint_state_round_trip(train):
+    got = train("checkpoint_round_trip")
+    tensors = train.tensors("checkpoint_round_trip")
+    assert got["returned"] == [3, 42], (
+        f"restore() should return (epoch, step) = (3, 42) as saved, returned {got['returned']}"
+    )
+    assert torch.equal(tensors["draw"], tensors["expected_draw"]), (
+        "after restore() the random generators draw different numbers than after the save. "
+        "Likely cause: the RNG state is not saved (checkpoint.rng_state()) or not restored"
+    )
+    saved = [k.removeprefix("saved/") for k in tensors if k.startswith("saved/")]
+    wrong = [k for k in saved if not torch.equal(tensors[f"saved/{k}"], tensors[f"restored/{k}"])]
+    assert not wrong, f"restore() did not load these weights: {wrong[:5]}"
+    assert got["momentum_restored"], "the optimizer's momentum was not restored"
 
 
 # --- errors a user makes ---------------------------------------------------------
@@ -220,16 +244,16 @@ def test_checkpoint_state_round_trip(train, tmp_path):
 
 @pytest.mark.points(1)
 @pytest.mark.parametrize(
-    "argv",
-    [["--epochs", "0"], ["--batch-size", "many"], ["--lr", "-1"], ["--resume"], ["--model", "x"]],
-    ids=["epochs-0", "batch-size-text", "negative-lr", "resume-without-checkpoint", "model"],
+    "case", ["epochs-0", "batch-size-text", "negative-lr", "resume-without-checkpoint", "model"]
 )
-def test_bad_flags_give_one_line(train, capsys, argv):
-    with pytest.raises(SystemExit) as exit_info:
-        train.parse_args(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "error" in err, err
+def test_bad_flags_give_one_line(train, case):
+    got = train(f"bad_flags_{case}")
+    assert got is not None, f"parse_args accepted the bad flag(s) of case {case}"
+    err = got["stderr"].strip()
+    assert got["exit"] == 2, f"expected argparse's exit code 2, got {got['exit']}"
+    assert len(err.splitlines()) == 1 and "error" in err, (
+        f"expected one line saying what is wrong, got:\n{err}"
+    )
 
 
 @pytest.mark.points(1)
@@ -242,10 +266,12 @@ def test_missing_data_folder_gives_one_line(impl, run_script, tmp_path):
 
 
 @pytest.mark.points(1)
-def test_cuda_requested_without_cuda_is_a_clear_error(train, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ValueError, match="CUDA is not available"):
-        train.main(["--device", "cuda", "--quiet"])
+def test_cuda_requested_without_cuda_is_a_clear_error(train):
+    got = train("cuda_without_cuda")
+    assert got["raised"] == "ValueError" and "CUDA is not available" in got["message"], (
+        f"`--device cuda` without CUDA should raise ValueError('... CUDA is not available ...'); "
+        f"got {got}"
+    )
 
 
 # --- on a GPU machine --------------------------------------------------------------

@@ -4,28 +4,29 @@ On a CPU machine DataParallel cannot split anything, so the CPU tests check
 what holds everywhere: the wrapper is used only with 2+ GPUs, checkpoints are
 a plain model's, the script trains. The `gpus(2)` tests check the real thing:
 the same outputs and gradients as one device, and a 2-GPU training run.
+The lesson's functions run in a child process (tests/cases/lesson_02.py).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 from course import checkpoint, lessons, models, procs
-from course.grading import load_lesson
+from course.grading import call_lesson
 
 LESSON = lessons.get("02")
-FUNCTIONS = ("wrap_model", "unwrap", "checkpoint_state", "restore", "main")
+CASES = Path(__file__).with_name("cases") / "lesson_02.py"
 
 
-@pytest.fixture
-def dp(impl):
-    return load_lesson(impl, LESSON, requires=FUNCTIONS)
+@pytest.fixture(scope="module")
+def dp(impl, tmp_path_factory):
+    """Every case of lesson 02, run once in one child process."""
+    return call_lesson(impl, LESSON, CASES, tmp_path_factory.mktemp("cases02"))
 
 
 @pytest.fixture(scope="module")
@@ -43,38 +44,48 @@ def cpu_run(impl, tmp_path_factory):
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_wraps_only_with_two_or_more_gpus(dp):
-    model = nn.Linear(3, 2)
-    # DataParallel can be built on a CPU machine (it then runs the plain module),
-    # so the choice can be checked anywhere.
-    wrapped = dp.wrap_model(model, [0, 1])
-    assert isinstance(wrapped, nn.DataParallel) and wrapped.module is model
-    assert dp.wrap_model(model, [0]) is model, "one GPU: use the model itself"
-    assert dp.wrap_model(model, []) is model, "no GPU: use the model itself"
+    got = dp("wrap_model")
+    assert got["two"]["type"] == "DataParallel" and got["two"]["holds_model"], (
+        f"wrap_model(model, [0, 1]) should return nn.DataParallel around the model itself, "
+        f"returned a {got['two']['type']}"
+    )
+    for case, ids in (("one", "[0]"), ("none", "[]")):
+        assert got[case]["is_model"], (
+            f"wrap_model(model, {ids}) should return the model itself (with fewer than 2 GPUs "
+            f"DataParallel only adds overhead), returned a {got[case]['type']}"
+        )
 
 
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_unwrap(dp):
-    model = nn.Linear(3, 2)
-    assert dp.unwrap(nn.DataParallel(model)) is model
-    assert dp.unwrap(model) is model
+    got = dp("unwrap")
+    assert got["wrapped"]["is_model"], (
+        f"unwrap(nn.DataParallel(model)) should return the model inside (`.module`), "
+        f"returned a {got['wrapped']['type']}"
+    )
+    assert got["plain"]["is_model"], (
+        f"unwrap(model) of a plain model should return it unchanged, returned a "
+        f"{got['plain']['type']}"
+    )
 
 
 @pytest.mark.core
 @pytest.mark.points(3)
-def test_checkpoint_of_a_wrapped_model_loads_into_a_plain_one(dp, tmp_path):
-    torch.manual_seed(0)
-    model = models.build_model("cnn", 10, 1)
-    wrapped = nn.DataParallel(model)
-    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
-    state = dp.checkpoint_state(wrapped, optimizer, 1, 5)
-    prefixed = [k for k in state["model"] if k.startswith("module.")]
-    assert not prefixed, f"keys carry the DataParallel prefix: {prefixed[:3]}"
-    path = checkpoint.save(state, tmp_path / "c.pt")
+def test_checkpoint_of_a_wrapped_model_loads_into_a_plain_one(dp):
+    tensors = dp.tensors("checkpoint_of_wrapped")
+    saved = {k.removeprefix("saved/"): v for k, v in tensors.items() if k.startswith("saved/")}
+    want = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
+    prefixed = [k for k in saved if k.startswith("module.")]
+    assert not prefixed, (
+        f"the checkpoint's keys carry DataParallel's prefix: {prefixed[:3]}. A plain model "
+        "cannot load them; save the state dict of the model inside (unwrap it first)"
+    )
+    assert set(saved) == set(want), f"keys differ from the plain model's: {set(saved) ^ set(want)}"
     plain = models.build_model("cnn", 10, 1)
-    plain.load_state_dict(checkpoint.load(path)["model"])  # strict: every key matches
-    assert all(
-        torch.equal(a, b) for a, b in zip(plain.parameters(), model.parameters(), strict=True)
+    plain.load_state_dict(saved)  # strict: every key matches
+    assert all(torch.equal(saved[k], want[k]) for k in want), (
+        "the saved weights are not the model's"
     )
 
 
@@ -111,8 +122,10 @@ def test_trains_with_bf16_autocast_and_channels_last(impl, run_script, tmp_path)
 
 @pytest.mark.points(1)
 def test_gpus_flag_on_cpu_is_a_clear_error(dp):
-    with pytest.raises(ValueError, match="needs CUDA"):
-        dp.main(["--device", "cpu", "--gpus", "2"])
+    got = dp("gpus_flag_on_cpu")
+    assert got["raised"] == "ValueError" and "needs CUDA" in got["message"], (
+        f"`--device cpu --gpus 2` should raise ValueError('... needs CUDA ...'), got {got}"
+    )
 
 
 # --- on a machine with 2+ GPUs ------------------------------------------------------
@@ -120,32 +133,19 @@ def test_gpus_flag_on_cpu_is_a_clear_error(dp):
 
 @pytest.mark.gpus(2)
 @pytest.mark.points(3)
-def test_data_parallel_matches_one_device(dp, monkeypatch):
-    """The same weights and batch give the same outputs and gradients through DataParallel.
-
-    eval(): in train mode each replica's BatchNorm normalises its own half of
-    the batch, which legitimately differs from the whole-batch statistics.
-    TF32 is off and cuDNN deterministic, so both paths do plain fp32 math; what
-    remains is the order of summation.
-    """
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # --cudnn-benchmark turns it on
-    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
-    torch.manual_seed(0)
-    single = models.build_model("cnn", 10, 3).cuda(0).eval()
-    parallel = dp.wrap_model(copy.deepcopy(single), [0, 1]).eval()
-    assert isinstance(parallel, nn.DataParallel)
-    x = torch.randn(32, 3, 16, 16, device="cuda:0")
-    y = torch.randint(0, 10, (32,), device="cuda:0")
-    out_single, out_parallel = single(x), parallel(x)
-    assert out_parallel.device == torch.device("cuda", 0)  # gathered on the output device
-    torch.testing.assert_close(out_parallel, out_single, atol=1e-5, rtol=1e-4)
-    nn.functional.cross_entropy(out_single, y).backward()
-    nn.functional.cross_entropy(out_parallel, y).backward()
-    named = dict(dp.unwrap(parallel).named_parameters())
-    for name, p in single.named_parameters():
-        torch.testing.assert_close(named[name].grad, p.grad, atol=1e-5, rtol=1e-4, msg=name)
+def test_data_parallel_matches_one_device(dp):
+    """The same weights and batch give the same outputs and gradients through DataParallel
+    (computed in the child: eval mode, TF32 off, cuDNN deterministic)."""
+    got = dp("data_parallel_on_two_gpus")
+    assert got["type"] == "DataParallel", f"wrap_model(model, [0, 1]) returned a {got['type']}"
+    assert got["output_device"] == "cuda:0", "DataParallel gathers the outputs on cuda:0"
+    t = dp.tensors("data_parallel_on_two_gpus")
+    torch.testing.assert_close(t["out/parallel"], t["out/single"], atol=1e-5, rtol=1e-4)
+    for key in (k for k in t if k.startswith("grad_single/")):
+        name = key.removeprefix("grad_single/")
+        torch.testing.assert_close(
+            t[f"grad_parallel/{name}"], t[key], atol=1e-5, rtol=1e-4, msg=name
+        )
 
 
 @pytest.mark.gpus(2)

@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
 from course import checkpoint, lessons, models, procs, write_log
-from course.grading import load_lesson
+from course.grading import call_lesson
 from course.write_log import WRITE_LOG_ENV
 
 LESSON = lessons.get("03")
-FUNCTIONS = ("parse_args", "setup", "make_loaders", "build_ddp_model", "train", "worker", "main")
+CASES = Path(__file__).with_name("cases") / "lesson_03.py"
 PER_RANK_BATCH, EPOCHS, TRAIN_IMAGES = 64, 2, 1438  # digits' fixed train split
 STEPS = EPOCHS * -(-TRAIN_IMAGES // (2 * PER_RANK_BATCH))  # 12 steps an epoch
 ATOL = {"gloo": 1e-3, "nccl": 1e-3}
@@ -182,11 +183,13 @@ def test_log_states_the_global_batch(runs, backend):
 
 
 @pytest.mark.points(1)
-def test_sync_bn_without_cuda_is_refused_before_spawning(impl):
+def test_sync_bn_without_cuda_is_refused_before_spawning(impl, tmp_path):
     """--sync-bn with gloo is a one-line error before any process starts."""
-    train = load_lesson(impl, LESSON, requires=FUNCTIONS)
-    with pytest.raises(ValueError, match="nccl"):
-        train.main(["--sync-bn", "--backend", "gloo"])
+    got = call_lesson(impl, LESSON, CASES, tmp_path)("sync_bn_with_gloo")
+    assert got["raised"] == "ValueError" and "nccl" in got["message"], (
+        f"`--sync-bn --backend gloo` should raise ValueError naming nccl (SyncBatchNorm runs "
+        f"on CUDA tensors only), got {got}"
+    )
 
 
 @pytest.mark.gpus(2)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,11 +36,11 @@ import torch
 from course import checkpoint, lessons, procs, write_log
 from course.chaos import KILL_AT_STEP, KILL_IN_SAVE, KILL_RANK
 from course.cli import lesson_command
-from course.grading import load_lesson
+from course.grading import call_lesson
 from course.write_log import WRITE_LOG_ENV
 
 LESSON = lessons.get("04")
-FUNCTIONS = ("parse_args", "setup", "save_snapshot", "load_snapshot", "train", "main")
+CASES = Path(__file__).with_name("cases") / "lesson_04.py"
 STEPS, EVERY = 12, 4
 KILL_EVERY, KILL_STEPS = 3, (5, 4)  # the kill run: snapshot period, kills per attempt
 ARGS = ["--epochs", "2", "--batch-size", "128", "--seed", "0", "--quiet"]
@@ -220,9 +221,10 @@ def test_restart_overhead_is_measured(runs, backend):
 
 
 @pytest.mark.points(1)
-def test_refuses_to_run_without_torchrun(impl, monkeypatch):
+def test_refuses_to_run_without_torchrun(impl, tmp_path):
     """Started without torchrun (no LOCAL_RANK), the script says how to start it."""
-    train = load_lesson(impl, LESSON, requires=FUNCTIONS)
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
-    with pytest.raises(ValueError, match="torchrun"):
-        train.main([])
+    got = call_lesson(impl, LESSON, CASES, tmp_path)("main_without_torchrun")
+    assert got["raised"] == "ValueError" and "torchrun" in got["message"], (
+        f"main() without LOCAL_RANK in the environment should raise ValueError saying to "
+        f"start it with torchrun, got {got}"
+    )

@@ -1,0 +1,179 @@
+"""Call a submission's functions in a child process; only plain data comes back.
+
+The grading process never imports a submission: imported there, it could
+rewrite pytest's reports, the comparisons or the grade. Function-level tests
+therefore go through a *case script* of the grader (tests/cases/lesson_NN.py)
+that runs in a child process. It imports the lesson file, calls its functions
+in named cases and writes one JSON document, plus one file of tensors when a
+case returns some. The parent reads them with `json.loads` and
+`torch.load(weights_only=True)`, neither of which can run code, and makes
+every comparison itself.
+
+One child per lesson runs every case (importing torch once), so the cost is a
+few seconds per lesson, not per test.
+
+Child side (a case script):
+
+    cases = Cases()                      # argv: LESSON_FILE OUT_DIR
+
+    @cases.case
+    def pick_backend_no_gpu(lesson):     # runs with the imported lesson
+        return lesson.pick_backend()
+
+    cases.run(requires=("pick_backend",))
+
+Parent side (a test module):
+
+    outcome = run_cases(CASES / "lesson_00.py", lesson_path, tmp_path)
+    assert outcome.value("pick_backend_no_gpu") == "gloo"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RESULTS = "cases.json"
+TENSORS = "tensors.pt"
+
+
+# --- the child ----------------------------------------------------------------------
+
+
+@dataclass
+class Tensors:
+    """A case's return value that holds tensors: {name: tensor}, saved weights-only."""
+
+    tensors: dict
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class Exit:
+    """What a call that exits (argparse's errors) left: exit code and stderr."""
+
+    code: int | str | None
+    stderr: str
+
+
+def exits(function: Callable, *args) -> Exit | object:
+    """Call `function(*args)`; if it raises SystemExit, return an Exit instead."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return function(*args)
+    except SystemExit as stop:
+        return Exit(stop.code, err.getvalue())
+
+
+def _error(err: BaseException, lesson_file: Path) -> dict:
+    """One line about an exception, with the submission's line that raised it."""
+    frames = traceback.extract_tb(err.__traceback__)
+    own = [f for f in frames if Path(f.filename).resolve() == lesson_file.resolve()]
+    where = f"{lesson_file.name}:{own[-1].lineno}" if own else None
+    return {"type": type(err).__name__, "message": str(err), "where": where}
+
+
+class Cases:
+    def __init__(self, argv: list[str] | None = None):
+        argv = sys.argv[1:] if argv is None else argv
+        self.lesson_file, self.out = Path(argv[0]), Path(argv[1])
+        self.cases: dict[str, Callable] = {}
+
+    def case(self, function: Callable) -> Callable:
+        self.cases[function.__name__] = function
+        return function
+
+    def run(self, requires: tuple[str, ...] = ()) -> None:
+        from course import loader
+
+        results: dict = {"cases": {}}
+        tensors: dict = {}
+        try:
+            lesson = loader.load(self.lesson_file, requires=requires)
+        except loader.LessonError as err:
+            results["load_error"] = str(err)
+            lesson = None
+        for name, function in self.cases.items() if lesson is not None else ():
+            try:
+                value = function(lesson)
+            except BaseException as err:  # noqa: BLE001 - the submission's failure, recorded
+                results["cases"][name] = {"error": _error(err, self.lesson_file)}
+                continue
+            if isinstance(value, Tensors):
+                keys = []
+                for key, tensor in value.tensors.items():
+                    tensors[f"{name}/{key}"] = tensor.detach().cpu().clone()
+                    keys.append(key)
+                value = {"tensors": keys, **value.extra}
+            elif isinstance(value, Exit):
+                value = {"exit": value.code, "stderr": value.stderr}
+            results["cases"][name] = {"value": value}
+        self.out.mkdir(parents=True, exist_ok=True)
+        if tensors:
+            import torch
+
+            torch.save(tensors, self.out / TENSORS)
+        (self.out / RESULTS).write_text(json.dumps(results, default=repr))
+
+
+# --- the parent ---------------------------------------------------------------------
+
+
+class CaseFailed(AssertionError):
+    pass
+
+
+@dataclass
+class Outcome:
+    """What the child sent back; `value` fails the calling test with one clear line."""
+
+    run: object  # procs.RunResult
+    data: dict | None
+    tensor_file: Path
+
+    def value(self, name: str):
+        if self.data is None:
+            raise CaseFailed(
+                "the grader's child process running this lesson's functions sent nothing back\n"
+                + self.run.failure()
+            )
+        if "load_error" in self.data:
+            raise CaseFailed(self.data["load_error"])
+        case = self.data["cases"].get(name)
+        if case is None:
+            raise CaseFailed(f"case {name} did not run (the child stopped before it)")
+        if "error" in case:
+            err = case["error"]
+            where = f" at {err['where']}" if err["where"] else ""
+            raise CaseFailed(f"{err['type']}{where}: {err['message']}")
+        return case["value"]
+
+    def tensors(self, name: str) -> dict:
+        """The tensors case `name` returned, read weights-only (no code can run)."""
+        import torch
+
+        keys = self.value(name)["tensors"]
+        saved = torch.load(self.tensor_file, weights_only=True, map_location="cpu")
+        return {key: saved[f"{name}/{key}"] for key in keys}
+
+
+def run_cases(script: Path, lesson_file: Path, folder: Path, timeout: float = 90) -> Outcome:
+    """Run a case script on `lesson_file` in a child, in `folder`; read what it sent."""
+    from course import procs
+
+    out = Path(folder) / "cases-out"
+    result = procs.python(script, lesson_file, out, timeout=timeout, cwd=folder)
+    try:
+        data = json.loads((out / RESULTS).read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("cases"), dict):
+            data = None
+    except (OSError, ValueError):
+        data = None
+    return Outcome(result, data, out / TENSORS)

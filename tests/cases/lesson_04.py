@@ -1,0 +1,27 @@
+"""Lesson 04's functions, called in a child process (course/calls.py).
+
+Run by tests/test_04_torchrun.py as `python lesson_04.py LESSON_FILE OUT_DIR`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from course.calls import Cases
+
+cases = Cases()
+
+
+@cases.case
+def main_without_torchrun(lesson):
+    """Started without torchrun (no LOCAL_RANK), the script must say how to start it."""
+    os.environ.pop("LOCAL_RANK", None)
+    try:
+        lesson.main([])
+    except ValueError as err:
+        return {"raised": "ValueError", "message": str(err)}
+    return {"raised": None}
+
+
+if __name__ == "__main__":
+    cases.run(requires=("main",))
