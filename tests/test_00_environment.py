@@ -133,8 +133,18 @@ def test_json_report(env):
 
 
 @pytest.mark.points(2)
-def test_script_answers_the_gpu_question(impl, run_script, backend):
-    """The script runs end to end and its all-reduce smoke test passes on `backend`."""
+def test_script_answers_the_gpu_question(impl, env, run_script, backend):
+    """The script runs end to end and its all-reduce smoke test passes on `backend`.
+
+    Printed lines alone prove nothing (a script can print anything), so the
+    points also need the functions the smoke test relies on to work, as called
+    by the grader in its own child process."""
+    for case, want in (("pick_backend_0_nccl", "gloo"), ("device_for_no_gpu", ["cpu", "cpu"])):
+        got = env(case)
+        assert got == want, (
+            f"the smoke test relies on pick_backend() and device_for(); case {case} gave "
+            f"{got!r} instead of {want!r}"
+        )
     result = run_script(LESSON.path(impl), "--smoke", "2", "--backend", backend, timeout=90)
     assert "How many GPUs does this process see?" in result.output
     assert f"smoke test passed: 2 processes, backend {backend}" in result.output

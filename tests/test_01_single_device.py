@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from course import checkpoint, data, lessons, models, procs
+from course import checkpoint, data, judge, lessons, models, procs
 from course.grading import call_lesson
 
 LESSON = lessons.get("01")
@@ -50,12 +50,21 @@ def ok(result):
 
 @pytest.fixture(scope="module")
 def digits_run(impl, tmp_path_factory):
-    """The default run, on the CPU, with a metrics file."""
+    """The default run, on the CPU, with a metrics file and a checkpoint."""
     folder = tmp_path_factory.mktemp("digits")
-    result = run_once(
-        impl, folder, "--device", "cpu", "--epochs", "3", "--quiet", "--metrics-out", "metrics.json"
-    )
+    args = ["--device", "cpu", "--epochs", "3", "--quiet", "--metrics-out", "metrics.json"]
+    result = run_once(impl, folder, *args, "--checkpoint", "ckpt.pt")
     return result, folder
+
+
+def judged_accuracy(folder, name="ckpt.pt", norm="batch"):
+    """Test accuracy of the run's checkpoint, evaluated by the grader (course/judge.py):
+    what a run reports about itself is never taken on trust."""
+    try:
+        return judge.digits_accuracy(folder / name, norm=norm)
+    except (FileNotFoundError, ValueError) as err:
+        message = f"the grader could not evaluate the run's checkpoint: {err}"
+    pytest.fail(message, pytrace=False)
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +99,14 @@ def metrics_of(run):
 @pytest.mark.points(3)
 def test_default_run_learns_digits_on_cpu(digits_run):
     metrics = metrics_of(digits_run)
+    accuracy = judged_accuracy(digits_run[1])
     losses = [e["train_loss"] for e in metrics["epochs"]]
+    assert accuracy >= 0.90, (
+        f"after 3 epochs the saved model classifies {accuracy:.1%} of the test digits "
+        f"correctly (the grader's evaluation of ckpt.pt; expected at least 90 %); train loss "
+        f"per epoch {[round(x, 3) for x in losses]}. Likely cause: a broken training step"
+    )
     assert losses[-1] < losses[0] * 0.5, f"the training loss barely moved: {losses}"
-    assert metrics["final_accuracy"] >= 0.90, metrics["final_accuracy"]
     assert metrics["device"] == "cpu"
 
 
@@ -101,6 +115,11 @@ def test_default_run_learns_digits_on_cpu(digits_run):
 def test_metrics_json_shape(digits_run):
     metrics = metrics_of(digits_run)
     assert {"device", "epochs", "final_accuracy", "steps", "images_per_second"} <= set(metrics)
+    accuracy = judged_accuracy(digits_run[1])
+    assert metrics["final_accuracy"] == pytest.approx(accuracy, abs=1e-4), (
+        f"metrics.json says final_accuracy {metrics['final_accuracy']}, but the saved model "
+        f"scores {accuracy:.4f} when the grader evaluates it: the file must report the run"
+    )
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3]
     for epoch in metrics["epochs"]:
         assert {"train_loss", "test_loss", "test_accuracy", "images_per_second"} <= set(epoch)

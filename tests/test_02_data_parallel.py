@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import checkpoint, lessons, models, procs
+from course import checkpoint, judge, lessons, models, procs
 from course.grading import call_lesson
 
 LESSON = lessons.get("02")
@@ -96,7 +96,12 @@ def test_script_trains_on_cpu_and_says_it_is_not_data_parallel(cpu_run):
     assert "DataParallel needs at least 2 GPUs" in result.output
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["device"] == "cpu" and metrics["data_parallel"] is False
-    assert metrics["final_accuracy"] >= 0.9, metrics["final_accuracy"]
+    # Evaluated by the grader from the saved weights, never taken from the run's report.
+    accuracy = judge.digits_accuracy(folder / "ckpt" / "last.pt")
+    assert accuracy >= 0.9, (
+        f"after 3 epochs the saved model scores {accuracy:.1%} on the test digits "
+        "(the grader's evaluation; expected at least 90 %)"
+    )
     assert metrics["global_batch_size"] == 64
 
 
