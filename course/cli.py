@@ -7,8 +7,10 @@ python -m course run 04 --nproc 2 --max-restarts 1 -- --snapshot runs/04/snap.pt
 python -m course grade 00 01               # grade your lessons, print the table
 python -m course grade --impl path/to/submission --grade-json results.json
 python -m course bench [--amp bf16 --channels-last]   # time lessons 01-04 side by side
+python -m course hint 03 [2]               # hint 2 of your next unsolved TODO in lesson 03
 python -m course doctor                    # the reference environment report
 python -m course release [--check]         # regenerate lessons/ from solutions/
+python -m course record [NAME ...]         # re-record the outputs the pages show
 """
 
 from __future__ import annotations
@@ -48,9 +50,15 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument("--grade-json", metavar="PATH", help="write Gradescope-style results here")
     grade.add_argument("-n", "--workers", type=int, default=0, help="parallel pytest workers")
 
+    hint = sub.add_parser("hint", help="a hint for the next unsolved TODO of a lesson")
+    hint.add_argument("lesson", help="lesson number, e.g. 03")
+    hint.add_argument("number", nargs="?", type=int, default=1, help="which hint (default 1)")
+    hint.add_argument("--impl", default="lessons", help="lessons (default) or a folder")
+
     sub.add_parser("doctor", help="print the environment report (lesson 00's reference)")
     # Parsed by course.bench itself (python -m course bench --help); listed here for --help.
     sub.add_parser("bench", help="time the lessons' own training side by side", add_help=False)
+    sub.add_parser("record", help="record the reference outputs the site shows", add_help=False)
 
     rel = sub.add_parser("release", help="regenerate the starters in lessons/ from solutions/")
     rel.add_argument("--check", action="store_true", help="only report stale starters")
@@ -115,6 +123,15 @@ def _list(_args) -> int:
     return 0
 
 
+def _hint(args) -> int:
+    from course import hints
+
+    if args.number < 1:
+        raise ValueError("hints are numbered from 1")
+    print(hints.hint(lessons.get(args.lesson), args.number, lessons.resolve_impl(args.impl)))
+    return 0
+
+
 def _doctor(_args) -> int:
     script = lessons.get("00").path(REPO_ROOT / "solutions")
     return subprocess.call([sys.executable, str(script)], env=procs.child_env())
@@ -135,6 +152,14 @@ def _release(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["record"]:
+        from course import record
+
+        try:
+            return record.main(argv[1:])
+        except (ValueError, RuntimeError) as err:
+            print(f"python -m course record: error: {err}", file=sys.stderr)
+            return 2
     if argv[:1] == ["bench"]:
         from course import bench
 
@@ -150,7 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = argv[: argv.index("--")] if "--" in argv else argv
     args = _parser().parse_args(argv)
     args.extra = extra
-    handler = {"list": _list, "run": _run, "grade": _grade, "doctor": _doctor, "release": _release}
+    handler = {
+        "list": _list,
+        "run": _run,
+        "grade": _grade,
+        "hint": _hint,
+        "doctor": _doctor,
+        "release": _release,
+    }
     try:
         return handler[args.command](args)
     except (lessons.UnknownLesson, FileNotFoundError, ValueError, release.ReleaseError) as err:

@@ -10,12 +10,15 @@ passes a test by doing nothing.
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 
 from course import REPO_ROOT
 
 BEGIN = "### BEGIN SOLUTION"
+HINTS_FILE = "hints.json"  # next to each starter: its TODOs' goals and hints
 END = "### END SOLUTION"
 SKIP_DIRS = {"__pycache__", ".ipynb_checkpoints"}
 
@@ -24,12 +27,32 @@ class ReleaseError(ValueError):
     pass
 
 
-def make_starter(source: str, name: str) -> str:
-    """The starter text for one solution file; `name` is used in messages."""
+HINT = re.compile(r"^\s*# HINT(?: \d+)?:\s?(.*)$")
+HINT_MORE = re.compile(r"^\s*#   (.*)$")  # a hint's continuation line: "#" and 3 spaces
+TODO = re.compile(r"^\s*# TODO:\s?(.*)$")
+COMMENT = re.compile(r"^\s*#\s?(.*)$")
+
+
+def convert(source: str, name: str) -> tuple[str, list[dict]]:
+    """(the starter text, its TODOs) for one solution file; `name` is used in messages.
+
+    Each TODO is {"id": "TODO at <name>:<line>", "goal": text, "hints": [text, ...]}:
+    the goal is the `# TODO:` comment above a solution block (the starter keeps
+    it), the hints its `# HINT n:` lines (the starter drops them; `python -m
+    course hint` and the lesson's page reveal them one at a time)."""
     out: list[str] = []
+    todos: list[dict] = []
+    comment: list[str] = []  # the comment lines just above the current line
+    hints: list[str] = []
     inside_from: int | None = None
     for number, line in enumerate(source.splitlines(keepends=True), start=1):
         marker = line.strip()
+        if inside_from is None and (m := HINT.match(line)):
+            hints.append(m.group(1).strip())
+            continue
+        if inside_from is None and hints and (m := HINT_MORE.match(line)):
+            hints[-1] += " " + m.group(1).strip()
+            continue
         if marker == BEGIN:
             if inside_from is not None:
                 raise ReleaseError(
@@ -37,17 +60,37 @@ def make_starter(source: str, name: str) -> str:
                 )
             inside_from = number
             indent = line[: len(line) - len(line.lstrip())]
-            where = f"{name}:{len(out) + 1}"
-            out.append(f'{indent}raise NotImplementedError("TODO at {where} is not done yet")\n')
+            where = f"TODO at {name}:{len(out) + 1}"
+            out.append(f'{indent}raise NotImplementedError("{where} is not done yet")\n')
+            todos.append({"id": where, "goal": _goal(comment), "hints": hints})
+            comment, hints = [], []
         elif marker == END:
             if inside_from is None:
                 raise ReleaseError(f"{name}:{number}: {END} without a {BEGIN}")
             inside_from = None
         elif inside_from is None:
             out.append(line)
+            comment = comment + [line] if COMMENT.match(line) else []
+            if not comment:
+                hints = []
     if inside_from is not None:
         raise ReleaseError(f"{name}:{inside_from}: {BEGIN} is never closed")
-    return "".join(out)
+    return "".join(out), todos
+
+
+def _goal(comment: list[str]) -> str:
+    """The text of the `# TODO:` comment among the lines just above a block."""
+    for start, line in enumerate(comment):
+        if TODO.match(line):
+            parts = [TODO.match(line).group(1)]
+            parts += [COMMENT.match(rest).group(1) for rest in comment[start + 1 :]]
+            return " ".join(p.strip() for p in parts if p.strip())
+    return ""
+
+
+def make_starter(source: str, name: str) -> str:
+    """The starter text for one solution file; `name` is used in messages."""
+    return convert(source, name)[0]
 
 
 def _source_files(solutions: Path):
@@ -59,13 +102,20 @@ def _source_files(solutions: Path):
 def plan(solutions: Path = REPO_ROOT / "solutions", lessons: Path = REPO_ROOT / "lessons"):
     """What lessons/ should hold: {relative path: bytes}."""
     wanted: dict[Path, bytes] = {}
+    hints: dict[Path, list[dict]] = {}
     for path in _source_files(solutions):
         rel = path.relative_to(solutions)
+        if path.name == HINTS_FILE:
+            continue
         if path.suffix == ".py":
-            text = make_starter(path.read_text(), rel.as_posix())
+            text, todos = convert(path.read_text(), rel.as_posix())
             wanted[rel] = text.encode()
+            if todos:
+                hints.setdefault(rel.parent / HINTS_FILE, []).extend(todos)
         else:
             wanted[rel] = path.read_bytes()
+    for rel, todos in hints.items():
+        wanted[rel] = (json.dumps({"todos": todos}, indent=1, ensure_ascii=False) + "\n").encode()
     return wanted
 
 
@@ -90,7 +140,8 @@ def release(solutions: Path = REPO_ROOT / "solutions", lessons: Path = REPO_ROOT
         if rel in wanted:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(wanted[rel])
-            shutil.copymode(solutions / rel, target)
+            if (solutions / rel).exists():
+                shutil.copymode(solutions / rel, target)
         else:
             target.unlink()
     return changed

@@ -198,6 +198,7 @@ def test_checkpoint_loads_into_the_plain_lesson_01_model(runs, backend):
 @pytest.mark.points(1)
 def test_log_states_the_global_batch(runs, backend):
     """The log and the metrics state the global batch: per-rank batch x world size."""
+    learned(runs)
     result, folder = finished(runs)
     metrics = json.loads((folder / "out" / "metrics.json").read_text())
     assert metrics["world_size"] == 2

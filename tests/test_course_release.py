@@ -63,7 +63,7 @@ def test_release_writes_and_removes_files(tmp_path):
     (starters / "00_demo").mkdir(parents=True)
     (starters / "00_demo" / "old.py").write_text("x = 1\n")
     changed = release.release(solutions, starters)
-    assert sorted(p.name for p in changed) == ["demo.py", "old.py"]
+    assert sorted(p.name for p in changed) == ["demo.py", "hints.json", "old.py"]
     assert not (starters / "00_demo" / "old.py").exists()
     assert "NotImplementedError" in (starters / "00_demo" / "demo.py").read_text()
     assert release.stale(solutions, starters) == []

@@ -2,7 +2,8 @@
 
 Pages stay short and never drift from the code because the hook expands a few
 HTML-comment directives from the sources at build time. Each directive must
-stand alone on a line, starting in the first column:
+stand alone on a line; it may be indented (inside a tab or an admonition),
+and it is left alone inside a fenced code block:
 
 ``<!-- diff: OLD NEW -->``
     A unified diff (a ```diff block) between two files of the repository.
@@ -17,6 +18,14 @@ stand alone on a line, starting in the first column:
     One row per JSON record of measurements in that folder.
 ``<!-- bench-table: docs/results/FOLDER/FILE.json -->``
     A ``python -m course bench`` record: its table, provenance and commands.
+``<!-- hints: NN -->``
+    Lesson NN's TODOs with their progressive hints, folded (the same text that
+    ``python -m course hint NN K`` prints, from lessons/<lesson>/hints.json).
+``<!-- output: NAME -->``
+    A recorded output (``python -m course record``): the command, its exact
+    output, and where and when it ran. Inline, ``[[fact:NAME:KEY]]`` quotes
+    one figure of a record (final_accuracy, steps, ...), and
+    ``[[todo:NN:K]]`` the location of lesson NN's K-th TODO in its starter.
 ``<!-- bench-plot: docs/results/FOLDER -->``
     The plot of every ``course bench`` record in that folder, drawn at build time.
 
@@ -43,7 +52,9 @@ from mkdocs.structure.files import File
 # Where the site loads mermaid from; mkdocs.yml lists it under extra_javascript.
 MERMAID_DEST = "assets/vendor/mermaid.min.js"
 
-DIRECTIVE = re.compile(r"^<!-- (?P<name>[a-z-]+):?(?P<args>[^>]*?)\s*-->[ \t]*$", re.M)
+DIRECTIVE = re.compile(
+    r"^(?P<indent>[ \t]*)<!-- (?P<name>[a-z-]+):?(?P<args>[^>]*?)\s*-->[ \t]*$", re.M
+)
 SECTION_MARKER = re.compile(r"--8<--\s*\[\s*(?:start|end)\s*:\s*[a-z][-_0-9a-z]*\s*\]")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -365,6 +376,65 @@ def run_commands(lesson) -> list[str]:
     return [f"python -m course run {lesson.number}", direct]
 
 
+INLINE = re.compile(r"\[\[(?P<kind>fact|todo):(?P<a>[\w.-]+):(?P<b>[\w.-]+)\]\]")
+
+
+def _record(name: str) -> dict:
+    path = ROOT / "docs" / "results" / "outputs" / f"{name}.json"
+    if not path.is_file():
+        raise PluginError(f"no record {name!r} (python -m course record {name})")
+    return json.loads(path.read_text())
+
+
+def render_output(name: str) -> str:
+    doc = _record(name)
+    prov = doc["provenance"]
+    body = "\n".join(["```text", f"$ {doc['shown']}", doc["output"], "```"])
+    note = (
+        f"*Recorded by `{prov['command']} {name}` on {prov['date']}: PyTorch {prov['torch']}, "
+        f"Python {prov['python']}, {prov['machine']}. Timings vary from run to run; the "
+        f"other figures are checked against the reference by the test suite.*"
+    )
+    return f"{body}\n\n{note}"
+
+
+def render_inline(m: re.Match) -> str:
+    kind, a, b = m.group("kind"), m.group("a"), m.group("b")
+    if kind == "fact":
+        facts = _record(a)["facts"]
+        if b not in facts:
+            raise PluginError(f"record {a!r} has no fact {b!r} (it has {sorted(facts)})")
+        return facts[b]
+    lessons = {lesson.number: lesson for lesson in load_lessons()}
+    if a not in lessons:
+        raise PluginError(f"[[todo:{a}:{b}]]: no lesson {a!r}")
+    todos = json.loads((ROOT / "lessons" / lessons[a].slug / "hints.json").read_text())["todos"]
+    if not b.isdigit() or not 1 <= int(b) <= len(todos):
+        raise PluginError(f"[[todo:{a}:{b}]]: lesson {a} has {len(todos)} TODOs")
+    return todos[int(b) - 1]["id"]
+
+
+def render_hints(number: str) -> str:
+    lessons = {lesson.number: lesson for lesson in load_lessons()}
+    if number not in lessons:
+        raise PluginError(f"hints: lesson {number!r} is not in course.lessons.LESSONS")
+    path = ROOT / "lessons" / lessons[number].slug / "hints.json"
+    if not path.is_file():
+        raise PluginError(f"hints {number}: missing {path.relative_to(ROOT)} (run course release)")
+    todos = json.loads(path.read_text())["todos"]
+    out = [
+        f"Stuck? `python -m course hint {number}` prints hint 1 for your first unsolved "
+        f"TODO, `python -m course hint {number} 2` the next one. The same hints, folded:",
+        "",
+    ]
+    for index, todo in enumerate(todos, start=1):
+        where = todo["id"].removeprefix("TODO at ").split("/", 1)[-1]
+        out += [f"**TODO {index}** (`{where}`): {todo['goal']}", ""]
+        for k, text in enumerate(todo["hints"], start=1):
+            out += [f'??? tip "Hint {k}"', "", f"    {text}", ""]
+    return "\n".join(out)
+
+
 def render_lesson_card(number: str) -> str:
     lessons = {lesson.number: lesson for lesson in load_lessons()}
     if number not in lessons:
@@ -427,14 +497,48 @@ def expand(markdown: str, src_uri: str) -> str:
                 return render_bench_table(args[0])
             if name == "bench-plot" and len(args) == 1:
                 return render_bench_plot(args[0])
+            if name == "hints" and len(args) == 1:
+                return render_hints(args[0])
+            if name == "output" and len(args) == 1:
+                return render_output(args[0])
         except PluginError as exc:
             raise PluginError(f"{src_uri}: {exc}") from exc
         known = {"diff", "grading", "lesson-card", "lessons-table", "results-table"}
-        if name in known | {"bench-table", "bench-plot"}:
+        if name in known | {"bench-table", "bench-plot", "hints", "output"}:
             raise PluginError(f"{src_uri}: malformed directive {m.group(0)!r}")
         return m.group(0)
 
-    return DIRECTIVE.sub(replace, markdown)
+    def indented(m: re.Match) -> str:
+        """A directive inside a tab or an admonition: its expansion keeps the indent."""
+        text, indent = replace(m), m.group("indent")
+        if text == m.group(0) or not indent:
+            return text
+        return "\n".join(indent + line if line.strip() else line for line in text.splitlines())
+
+    def outside_code(text: str) -> str:
+        """Directives and inline references expand outside fenced code blocks only
+        (a page may show them as examples)."""
+        out, chunk, fence = [], [], None
+        for line in text.splitlines(keepends=True):
+            stripped = line.lstrip()
+            indent = len(line) - len(stripped)
+            if fence is None and stripped.startswith("```"):
+                out.append(INLINE.sub(render_inline, DIRECTIVE.sub(indented, "".join(chunk))))
+                chunk, fence = [], indent
+                out.append(line)
+            elif fence is not None:
+                out.append(line)
+                if stripped.rstrip() == "```" and indent == fence:
+                    fence = None
+            else:
+                chunk.append(line)
+        out.append(INLINE.sub(render_inline, DIRECTIVE.sub(indented, "".join(chunk))))
+        return "".join(out)
+
+    try:
+        return outside_code(markdown)
+    except PluginError as exc:
+        raise PluginError(f"{src_uri}: {exc}") from exc
 
 
 def on_files(files, config):

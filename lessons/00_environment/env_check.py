@@ -30,12 +30,11 @@ from course.dist import free_port, process_group_timeout, redirect_output_for_ra
 # --8<-- [start:device_count]
 def cuda_device_count() -> int:
     """How many CUDA GPUs this process can use (0 when CUDA is unusable)."""
-    # TODO: return the number of visible CUDA devices, but 0 whenever
-    # torch.cuda.is_available() is False: a build can see a device it cannot
-    # use (no driver, a driver too old for the build, CUDA_VISIBLE_DEVICES="").
-    # Hint: call torch.cuda.is_available() and torch.cuda.device_count()
-    # through `torch.cuda`, so the grader can simulate a GPU machine.
-    raise NotImplementedError("TODO at 00_environment/env_check.py:38 is not done yet")
+    # TODO: return how many CUDA GPUs this process can really use. A build can list
+    # devices it cannot use (no driver, a driver too old for the build,
+    # CUDA_VISIBLE_DEVICES=""), and every later lesson sizes its job by this number, so a
+    # GPU that cannot run a kernel must count as none.
+    raise NotImplementedError("TODO at 00_environment/env_check.py:37 is not done yet")
 
 
 # --8<-- [end:device_count]
@@ -45,14 +44,10 @@ def cuda_device_count() -> int:
 def library_report() -> dict:
     """Versions and availability of the libraries distributed training needs."""
     cuda_ok = cuda_device_count() > 0
-    # TODO: fill in the values. Versions are None when the library is absent.
-    #   cudnn_available:  torch.backends.cudnn.is_available()
-    #   cudnn_version:    torch.backends.cudnn.version() if available
-    #   nccl_available:   dist.is_available() and dist.is_nccl_available()
-    #   nccl_version:     ".".join of torch.cuda.nccl.version() when NCCL is
-    #                     available and CUDA usable (the call needs a CUDA build)
-    #   gloo_available:   dist.is_available() and dist.is_gloo_available()
-    raise NotImplementedError("TODO at 00_environment/env_check.py:55 is not done yet")
+    # TODO: fill in which communication libraries this build has, and their versions (None
+    # when a library is absent). When a multi-GPU job fails, the first question is which
+    # NCCL and cuDNN it ran with; this report answers it.
+    raise NotImplementedError("TODO at 00_environment/env_check.py:50 is not done yet")
     return {
         "torch_version": torch.__version__,
         "cuda_build": torch.version.cuda,  # the CUDA version torch was built for, or None
@@ -68,20 +63,19 @@ def library_report() -> dict:
 # --8<-- [start:backend]
 def pick_backend() -> str:
     """The process-group backend to use here: "nccl" or "gloo"."""
-    # TODO: "nccl" when at least one CUDA GPU is usable AND this build has
-    # NCCL (dist.is_nccl_available()); otherwise "gloo", which runs on CPUs
-    # everywhere. NCCL only moves CUDA tensors, so it is useless without GPUs.
-    raise NotImplementedError("TODO at 00_environment/env_check.py:74 is not done yet")
+    # TODO: choose the process-group backend for this machine. NCCL moves CUDA tensors
+    # between GPUs at NVLink speed but cannot move CPU tensors at all; gloo runs
+    # everywhere. So NCCL only when it can work: a usable GPU and a build that has it.
+    raise NotImplementedError("TODO at 00_environment/env_check.py:69 is not done yet")
 
 
 def device_for(local_rank: int) -> torch.device:
     """The device a process with this local rank should train on."""
-    # TODO: one GPU per process: cuda:<local_rank> when GPUs are usable, and
-    # the CPU otherwise (several CPU ranks can share it). Raise ValueError
-    # with a clear message for a negative local rank, or for a local rank with
-    # no GPU of its own (local_rank >= the GPU count): two ranks on one GPU is
-    # a silent slowdown at best and an NCCL error at worst.
-    raise NotImplementedError("TODO at 00_environment/env_check.py:84 is not done yet")
+    # TODO: give each process its own device: a GPU of its own when there are GPUs, the
+    # CPU otherwise (CPU ranks can share it). Refuse, with a ValueError that says why, a
+    # local rank that has no GPU: two ranks on one GPU is a silent slowdown at best and an
+    # NCCL error at worst.
+    raise NotImplementedError("TODO at 00_environment/env_check.py:78 is not done yet")
 
 
 # --8<-- [end:backend]

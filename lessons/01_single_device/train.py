@@ -101,11 +101,10 @@ def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=F
         # non_blocking: with pinned memory the copy overlaps with the GPU's work.
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
-        # TODO: one optimizer step. Compute the logits with `model`, the loss
-        # with F.cross_entropy, clear the gradients left by the last step
-        # (optimizer.zero_grad), backpropagate (loss.backward()) and update the
-        # weights (optimizer.step()). Keep the loss in a variable named `loss`.
-        raise NotImplementedError("TODO at 01_single_device/train.py:108 is not done yet")
+        # TODO: one optimizer step on this batch: the heart of every later lesson, which
+        # only changes where the batch comes from and how gradients are combined. Keep the
+        # batch's loss in a variable named `loss` (the code below logs it).
+        raise NotImplementedError("TODO at 01_single_device/train.py:107 is not done yet")
         # detach: keep the number, not the graph; no .item() here, which would
         # make the CPU wait for the GPU at every step.
         total_loss += loss.detach() * len(labels)
@@ -130,10 +129,10 @@ def evaluate(model, loader, device) -> tuple[float, float]:
     total_loss, correct, seen = 0.0, 0, 0
     for images, labels in loader:
         images, labels = images.to(device), labels.to(device)
-        # TODO: add this batch's *summed* loss to total_loss (F.cross_entropy
-        # with reduction="sum") and its number of correct predictions to
-        # `correct` (the predicted class is the argmax of the logits).
-        raise NotImplementedError("TODO at 01_single_device/train.py:136 is not done yet")
+        # TODO: add this batch's loss and its number of right answers to the running
+        # totals. The mean must be over examples, not over batches: the last batch is
+        # usually smaller, and averaging batch means would weigh its examples more.
+        raise NotImplementedError("TODO at 01_single_device/train.py:135 is not done yet")
         seen += len(labels)
     return total_loss / max(seen, 1), correct / max(seen, 1)
 
@@ -144,17 +143,17 @@ def evaluate(model, loader, device) -> tuple[float, float]:
 # --8<-- [start:checkpoint]
 def checkpoint_state(model, optimizer, epoch: int, step: int) -> dict:
     """Everything a resumed run needs; `epoch` counts the epochs completed."""
-    # TODO: return a dict with the keys "model" and "optimizer" (their
-    # state_dict()s: the optimizer's holds SGD's momentum buffers), "epoch",
-    # "step", and "rng" (checkpoint.rng_state(): the random generators' state).
-    raise NotImplementedError("TODO at 01_single_device/train.py:150 is not done yet")
+    # TODO: return everything a resumed run needs to continue exactly where this one
+    # stopped, as a dict with the keys "model", "optimizer", "epoch", "step" and "rng".
+    # Whatever is missing makes the resumed run differ from an uninterrupted one.
+    raise NotImplementedError("TODO at 01_single_device/train.py:149 is not done yet")
 
 
 def restore(state: dict, model, optimizer) -> tuple[int, int]:
     """Load a checkpoint_state() dict into model and optimizer; returns (epoch, step)."""
-    # TODO: load the model's and the optimizer's state dicts, restore the
-    # random generators (checkpoint.set_rng_state) and return (epoch, step).
-    raise NotImplementedError("TODO at 01_single_device/train.py:157 is not done yet")
+    # TODO: put a checkpoint_state() dict back: after this, training continues as if it
+    # had never stopped. Return (epoch, step).
+    raise NotImplementedError("TODO at 01_single_device/train.py:156 is not done yet")
 
 
 # --8<-- [end:checkpoint]

@@ -152,20 +152,18 @@ def evaluate(model, loader, device) -> tuple[float, float]:
 # --8<-- [start:wrap]
 def wrap_model(model: nn.Module, device_ids: list[int]) -> nn.Module:
     """The model to train: DataParallel over `device_ids` when there are 2 or more."""
-    # TODO: with two or more device ids, return nn.DataParallel(model,
-    # device_ids=device_ids, output_device=device_ids[0]) (the model must
-    # already be on cuda:<device_ids[0]>); otherwise return `model` itself:
-    # DataParallel over one GPU only adds the cost of the scatter and gather.
-    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:159 is not done yet")
+    # TODO: use DataParallel only where it can help: with two or more GPUs. Over one GPU
+    # it only adds the cost of scattering the batch and gathering the outputs, so return
+    # the model itself then.
+    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:158 is not done yet")
 
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain model inside a DataParallel wrapper (or the model itself)."""
-    # TODO: DataParallel keeps the real model in `.module`, and its
-    # state_dict() names every weight "module.<name>": a checkpoint saved
-    # from it would not load into a plain model. Return model.module for a
-    # DataParallel (isinstance(model, nn.DataParallel)), else the model.
-    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:168 is not done yet")
+    # TODO: return the plain model inside a wrapper (and a plain model as it is).
+    # DataParallel names every weight "module.<name>", so a checkpoint saved from the
+    # wrapper would not load into a plain model, as lesson 01's does.
+    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:166 is not done yet")
 
 
 # --8<-- [end:wrap]

@@ -97,13 +97,11 @@ def setup(rank: int, world_size: int, backend: str) -> torch.device:
     """Join the process group as `rank` of `world_size`; returns this rank's device."""
     # One machine: the local rank is the rank, and it picks the GPU.
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-    # TODO: with a GPU, make it this process's current device *before* joining
-    # the group (torch.cuda.set_device): NCCL creates its communicator on the
-    # current device, and without it every rank would pile onto cuda:0.
-    # Then join: dist.init_process_group(backend, rank=..., world_size=...,
-    # timeout=process_group_timeout(), device_id=device for a GPU else None).
-    # MASTER_ADDR and MASTER_PORT come from the environment the parent set up.
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:106 is not done yet")
+    # TODO: join the process group as rank `rank` of `world_size`. With a GPU, first make
+    # it this process's current device: NCCL builds its communicator on the current
+    # device, and without that every rank piles onto cuda:0. MASTER_ADDR and MASTER_PORT
+    # come from the environment the parent set up.
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:104 is not done yet")
     return device
 
 
@@ -112,13 +110,10 @@ def setup(rank: int, world_size: int, backend: str) -> torch.device:
 
 # --8<-- [start:loaders]
 def make_loaders(train_set, test_set, args, device: torch.device, rank: int, world_size: int):
-    # TODO: a DistributedSampler over train_set for this rank: shuffle=True
-    # and seed=args.seed. It shuffles all indices with the same seed on every
-    # rank and gives rank r every world_size-th one from position r: disjoint
-    # shards that together cover the epoch. With drop_last=False (the default)
-    # it pads the shards to equal length, so every rank takes the same number
-    # of steps; a rank with one batch more would wait forever in its all-reduce.
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:121 is not done yet")
+    # TODO: give this rank its own shard of the training set: disjoint from the other
+    # ranks' shards, together covering the epoch, shuffled, and of equal length on every
+    # rank (a rank with one batch more would wait forever in its all-reduce).
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:116 is not done yet")
     # The sampler does the shuffling now (shuffle= and sampler= are exclusive).
     # data.loader: workers and pinned memory only where they help (lesson 01).
     workers = args.num_workers
@@ -221,11 +216,9 @@ def build_ddp_model(args, num_classes, channels, device):
     if args.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device, memory_format=memory_format(args))
-    # TODO: wrap the model in DDP. device_ids=[device.index] on a GPU (the one
-    # device this replica lives on), None on the CPU. Optional, for speed:
-    # gradient_as_bucket_view=True and no buffer sync before every forward (see the page,
-    # "How fast should it be?").
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:228 is not done yet")
+    # TODO: wrap the model so that backward() averages the gradients over all ranks: then
+    # every rank takes the same step and the replicas stay identical.
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:221 is not done yet")
     return ddp
 
 
@@ -269,11 +262,10 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
     metrics["shards"] = []  # with --record-shards: [epoch][rank] -> sample indices
     images_total, train_seconds, accuracy = 0, 0.0, None
     for epoch in range(start_epoch, args.epochs):
-        # TODO: tell the sampler which epoch this is (sampler.set_epoch). It
-        # shuffles with seed + epoch; without the call every epoch reuses
-        # epoch 0's order, and each rank sees the same shard in the same order
-        # every epoch (no error, just a quietly worse model).
-        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:276 is not done yet")
+        # TODO: make each epoch shuffle differently. The sampler shuffles with seed +
+        # epoch; left at epoch 0, every rank sees the same shard in the same order every
+        # epoch: no error, just a quietly worse model.
+        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:268 is not done yet")
         if args.record_shards:
             metrics["shards"].append(gather_shards(train_loader.sampler))
         left = None if args.max_steps is None else args.max_steps - step
@@ -313,12 +305,10 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
                 f"{test_loss:.4f}, test accuracy {accuracy:.2%}, {images / seconds:,.0f} img/s"
             )
         # Only a complete epoch is saved: a resumed run restarts at an epoch boundary.
-        # TODO: only rank 0 saves (when args.checkpoint is set and the epoch is
-        # complete): checkpoint_state of model.module, the plain model, whose
-        # keys have no "module." prefix, so lesson 01's model loads it. All
-        # ranks hold the same weights; N writers would race on one file. Then
-        # every rank waits at dist.barrier() until the file is complete.
-        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:321 is not done yet")
+        # TODO: save the checkpoint once per completed epoch, from one rank only, in a
+        # form lesson 01's plain model loads; then make every rank wait until the file is
+        # complete. All ranks hold the same weights, and N writers would race on one file.
+        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:311 is not done yet")
 
     if rank != 0:
         return None
@@ -363,13 +353,10 @@ def main(argv=None) -> None:
         raise ValueError(f"--backend nccl with {world_size} ranks needs {world_size} GPUs: {gpus}")
     if args.sync_bn and backend != "nccl":
         raise ValueError("--sync-bn needs --backend nccl: SyncBatchNorm runs on CUDA tensors only")
-    # TODO: rank 0 will host the rendezvous: set os.environ["MASTER_ADDR"]
-    # to "127.0.0.1" and os.environ["MASTER_PORT"] to a free port
-    # (free_port(), never a fixed number: two jobs on one machine would
-    # collide). The children inherit the environment. Then start the ranks:
-    # mp.spawn(worker, args=(world_size, backend, args), nprocs=world_size).
-    # If any rank raises, mp.spawn stops the others and raises here.
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:372 is not done yet")
+    # TODO: start world_size processes that find each other. They meet at rank 0's address
+    # and port, which they read from the environment they inherit; the port must be free
+    # (a fixed number collides as soon as two jobs share a machine).
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:359 is not done yet")
 
 
 # --8<-- [end:spawn]

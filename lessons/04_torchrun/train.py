@@ -96,13 +96,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 def setup(backend: str) -> tuple[int, int, int, torch.device]:
     """Join the process group torchrun set up; returns (rank, local rank, world size, device)."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    # TODO: read this process's identity from the environment torchrun set:
-    # LOCAL_RANK, RANK and WORLD_SIZE (strings: int() them). The device is
-    # cuda:<local rank> with nccl (raise ValueError if that GPU does not
-    # exist), else the CPU. As in lesson 03, set the GPU as the current device
-    # before init_process_group; call it without rank, world_size or an
-    # init_method: its default, "env://", reads them and MASTER_ADDR/PORT.
-    raise NotImplementedError("TODO at 04_torchrun/train.py:105 is not done yet")
+    # TODO: find out who this process is from the environment torchrun set (its local rank
+    # on this machine, its global rank, the world size), pick its device (refuse a GPU
+    # that does not exist), and join the process group. torchrun also set the rendezvous
+    # address and port.
+    raise NotImplementedError("TODO at 04_torchrun/train.py:103 is not done yet")
     # Bit-identical resumes on GPUs also need deterministic kernels: cuDNN may
     # otherwise pick a different (or atomics-based) convolution algorithm.
     torch.backends.cudnn.deterministic = True
@@ -225,24 +223,20 @@ def save_snapshot(path, model, optimizer, epoch: int, batches_done: int, step: i
     # Each rank's generators are its own: gather them, so each gets its own back.
     rng = [None] * dist.get_world_size()
     dist.all_gather_object(rng, checkpoint.rng_state())
-    # TODO: on rank 0 only, write a dict atomically with checkpoint.save:
-    # "model" (model.module.state_dict()), "optimizer", "epoch", "batches_done"
-    # (batches of that epoch already trained), "step", "rng" (the list) and
-    # "world_size". checkpoint.save writes a temporary file and renames it:
-    # a crash mid-write leaves the previous snapshot intact.
-    raise NotImplementedError("TODO at 04_torchrun/train.py:233 is not done yet")
+    # TODO: write a snapshot from which a restarted group continues exactly where this one
+    # stopped, even mid-epoch. One rank writes it, and a crash while writing must leave
+    # the previous snapshot intact.
+    raise NotImplementedError("TODO at 04_torchrun/train.py:229 is not done yet")
     # No barrier: only a restarted group reads the file, and torchrun restarts a
     # group only after every process of the old one has exited.
 
 
 def load_snapshot(path, model, optimizer, device) -> tuple[int, int, int]:
     """Restore a snapshot on every rank; returns (epoch, batches done, step)."""
-    # TODO: checkpoint.load(path, device); refuse (ValueError) a snapshot from
-    # another world size (its shards and batch positions would not line up);
-    # load the model's (model.module) and the optimizer's state, this rank's
-    # random generators (checkpoint.set_rng_state(state["rng"][rank])), and
-    # return (epoch, batches_done, step).
-    raise NotImplementedError("TODO at 04_torchrun/train.py:245 is not done yet")
+    # TODO: load a snapshot back into this rank and return (epoch, batches_done, step).
+    # Refuse, with a ValueError, a snapshot written by another number of ranks: its shards
+    # and batch positions would not line up with this run's.
+    raise NotImplementedError("TODO at 04_torchrun/train.py:239 is not done yet")
 
 
 # --8<-- [end:snapshot]
@@ -262,11 +256,9 @@ def build_ddp_model(args, num_classes, channels, device):
     if args.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device, memory_format=memory_format(args))
-    # TODO: wrap the model in DDP. device_ids=[device.index] on a GPU (the one
-    # device this replica lives on), None on the CPU. Optional, for speed:
-    # gradient_as_bucket_view=True and no buffer sync before every forward (see the page,
-    # "How fast should it be?").
-    raise NotImplementedError("TODO at 04_torchrun/train.py:269 is not done yet")
+    # TODO: wrap the model so that backward() averages the gradients over all ranks, as in
+    # lesson 03.
+    raise NotImplementedError("TODO at 04_torchrun/train.py:261 is not done yet")
     return ddp
 
 
@@ -316,12 +308,11 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
     resumed_at = step if step else None
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
-        # TODO: make the sampler skip what this epoch already trained: set
-        # sampler.skip to `skip` batches' worth of indices (skip x batch size).
-        # Keep that number of batches in `done_before`: a snapshot taken later
-        # in this epoch must count the batches trained before the restart too.
-        # Then reset `skip` to 0 so the following epochs start at the top.
-        raise NotImplementedError("TODO at 04_torchrun/train.py:324 is not done yet")
+        # TODO: after a restart in the middle of an epoch, train only the batches the
+        # snapshot did not cover, and remember how many were done before the restart in
+        # `done_before`: a snapshot taken later in this epoch must count them too, or a
+        # second crash resumes at the wrong batch. Later epochs start at the top.
+        raise NotImplementedError("TODO at 04_torchrun/train.py:315 is not done yet")
         if args.record_shards:
             metrics["shards"].append(gather_shards(train_loader.sampler))
         left = None if args.max_steps is None else args.max_steps - step

@@ -30,11 +30,17 @@ from course.dist import free_port, process_group_timeout, redirect_output_for_ra
 # --8<-- [start:device_count]
 def cuda_device_count() -> int:
     """How many CUDA GPUs this process can use (0 when CUDA is unusable)."""
-    # TODO: return the number of visible CUDA devices, but 0 whenever
-    # torch.cuda.is_available() is False: a build can see a device it cannot
-    # use (no driver, a driver too old for the build, CUDA_VISIBLE_DEVICES="").
-    # Hint: call torch.cuda.is_available() and torch.cuda.device_count()
-    # through `torch.cuda`, so the grader can simulate a GPU machine.
+    # TODO: return how many CUDA GPUs this process can really use. A build can list
+    # devices it cannot use (no driver, a driver too old for the build,
+    # CUDA_VISIBLE_DEVICES=""), and every later lesson sizes its job by this number, so a
+    # GPU that cannot run a kernel must count as none.
+    # HINT 1: Two questions to PyTorch: is CUDA usable at all, and if so, how many
+    #   devices are there?
+    # HINT 2: torch.cuda.is_available() answers the first, torch.cuda.device_count() the
+    #   second. Call them through `torch.cuda` (not `from torch.cuda import ...`): the
+    #   grader simulates GPU machines by replacing those two functions.
+    # HINT 3: if not torch.cuda.is_available(): return 0, else return
+    #   torch.cuda.device_count().
     ### BEGIN SOLUTION
     if not torch.cuda.is_available():
         return 0
@@ -49,13 +55,17 @@ def cuda_device_count() -> int:
 def library_report() -> dict:
     """Versions and availability of the libraries distributed training needs."""
     cuda_ok = cuda_device_count() > 0
-    # TODO: fill in the values. Versions are None when the library is absent.
-    #   cudnn_available:  torch.backends.cudnn.is_available()
-    #   cudnn_version:    torch.backends.cudnn.version() if available
-    #   nccl_available:   dist.is_available() and dist.is_nccl_available()
-    #   nccl_version:     ".".join of torch.cuda.nccl.version() when NCCL is
-    #                     available and CUDA usable (the call needs a CUDA build)
-    #   gloo_available:   dist.is_available() and dist.is_gloo_available()
+    # TODO: fill in which communication libraries this build has, and their versions (None
+    # when a library is absent). When a multi-GPU job fails, the first question is which
+    # NCCL and cuDNN it ran with; this report answers it.
+    # HINT 1: Each key has a PyTorch function that answers it; the versions only make
+    #   sense when the library is there.
+    # HINT 2: torch.backends.cudnn.is_available() / .version(); dist.is_available() with
+    #   dist.is_nccl_available() and dist.is_gloo_available(); torch.cuda.nccl.version()
+    #   (a tuple, and it needs CUDA: only ask when `cuda_ok`).
+    # HINT 3: cudnn_version = torch.backends.cudnn.version() if cudnn_available else
+    #   None; nccl_version = ".".join(str(p) for p in torch.cuda.nccl.version()) if
+    #   nccl_available and cuda_ok else None.
     ### BEGIN SOLUTION
     cudnn_available = torch.backends.cudnn.is_available()
     nccl_available = dist.is_available() and dist.is_nccl_available()
@@ -85,9 +95,14 @@ def library_report() -> dict:
 # --8<-- [start:backend]
 def pick_backend() -> str:
     """The process-group backend to use here: "nccl" or "gloo"."""
-    # TODO: "nccl" when at least one CUDA GPU is usable AND this build has
-    # NCCL (dist.is_nccl_available()); otherwise "gloo", which runs on CPUs
-    # everywhere. NCCL only moves CUDA tensors, so it is useless without GPUs.
+    # TODO: choose the process-group backend for this machine. NCCL moves CUDA tensors
+    # between GPUs at NVLink speed but cannot move CPU tensors at all; gloo runs
+    # everywhere. So NCCL only when it can work: a usable GPU and a build that has it.
+    # HINT 1: Two conditions must both hold for "nccl"; anything else is "gloo".
+    # HINT 2: Use your cuda_device_count() (it already says 0 when CUDA is unusable) and
+    #   dist.is_nccl_available() (guarded by dist.is_available()).
+    # HINT 3: return "nccl" if cuda_device_count() > 0 and dist.is_available() and
+    #   dist.is_nccl_available() else "gloo".
     ### BEGIN SOLUTION
     if cuda_device_count() > 0 and dist.is_available() and dist.is_nccl_available():
         return "nccl"
@@ -97,11 +112,18 @@ def pick_backend() -> str:
 
 def device_for(local_rank: int) -> torch.device:
     """The device a process with this local rank should train on."""
-    # TODO: one GPU per process: cuda:<local_rank> when GPUs are usable, and
-    # the CPU otherwise (several CPU ranks can share it). Raise ValueError
-    # with a clear message for a negative local rank, or for a local rank with
-    # no GPU of its own (local_rank >= the GPU count): two ranks on one GPU is
-    # a silent slowdown at best and an NCCL error at worst.
+    # TODO: give each process its own device: a GPU of its own when there are GPUs, the
+    # CPU otherwise (CPU ranks can share it). Refuse, with a ValueError that says why, a
+    # local rank that has no GPU: two ranks on one GPU is a silent slowdown at best and an
+    # NCCL error at worst.
+    # HINT 1: The local rank numbers the processes on this machine from 0; it maps one
+    #   to one onto the GPUs. Three cases: a negative rank, no GPUs, a rank beyond the
+    #   last GPU.
+    # HINT 2: torch.device("cpu") and torch.device("cuda", local_rank); the GPU count is
+    #   cuda_device_count().
+    # HINT 3: raise ValueError if local_rank < 0; return cpu if there are no GPUs; raise
+    #   ValueError if local_rank >= the count; else return torch.device("cuda",
+    #   local_rank).
     ### BEGIN SOLUTION
     if local_rank < 0:
         raise ValueError(f"local rank must be >= 0, got {local_rank}")

@@ -101,10 +101,18 @@ def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=F
         # non_blocking: with pinned memory the copy overlaps with the GPU's work.
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
-        # TODO: one optimizer step. Compute the logits with `model`, the loss
-        # with F.cross_entropy, clear the gradients left by the last step
-        # (optimizer.zero_grad), backpropagate (loss.backward()) and update the
-        # weights (optimizer.step()). Keep the loss in a variable named `loss`.
+        # TODO: one optimizer step on this batch: the heart of every later lesson, which
+        # only changes where the batch comes from and how gradients are combined. Keep the
+        # batch's loss in a variable named `loss` (the code below logs it).
+        # HINT 1: A step has four parts: forward, loss, clear the old gradients,
+        #   backward, update. Gradients accumulate in .grad until cleared, so clearing
+        #   belongs in every step.
+        # HINT 2: F.cross_entropy(logits, labels);
+        #   optimizer.zero_grad(set_to_none=True); loss.backward(); optimizer.step(). Run
+        #   the forward and loss under torch.autocast(device.type, dtype=torch.bfloat16,
+        #   enabled=amp) so that --amp bf16 works.
+        # HINT 3: with torch.autocast(...): logits = model(images); loss =
+        #   F.cross_entropy(logits, labels) then zero_grad, backward, step.
         ### BEGIN SOLUTION
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             logits = model(images)
@@ -137,9 +145,16 @@ def evaluate(model, loader, device) -> tuple[float, float]:
     total_loss, correct, seen = 0.0, 0, 0
     for images, labels in loader:
         images, labels = images.to(device), labels.to(device)
-        # TODO: add this batch's *summed* loss to total_loss (F.cross_entropy
-        # with reduction="sum") and its number of correct predictions to
-        # `correct` (the predicted class is the argmax of the logits).
+        # TODO: add this batch's loss and its number of right answers to the running
+        # totals. The mean must be over examples, not over batches: the last batch is
+        # usually smaller, and averaging batch means would weigh its examples more.
+        # HINT 1: Sum the per-example losses of the batch (then the function divides by
+        #   `seen`), and count the predictions that equal the labels.
+        # HINT 2: F.cross_entropy(..., reduction="sum"); the prediction is
+        #   logits.argmax(dim=1); .item() turns a one-element tensor into a number.
+        # HINT 3: logits = model(images); total_loss += F.cross_entropy(logits, labels,
+        #   reduction="sum").item(); correct += (logits.argmax(dim=1) ==
+        #   labels).sum().item().
         ### BEGIN SOLUTION
         logits = model(images)
         total_loss += F.cross_entropy(logits, labels, reduction="sum").item()
@@ -155,9 +170,14 @@ def evaluate(model, loader, device) -> tuple[float, float]:
 # --8<-- [start:checkpoint]
 def checkpoint_state(model, optimizer, epoch: int, step: int) -> dict:
     """Everything a resumed run needs; `epoch` counts the epochs completed."""
-    # TODO: return a dict with the keys "model" and "optimizer" (their
-    # state_dict()s: the optimizer's holds SGD's momentum buffers), "epoch",
-    # "step", and "rng" (checkpoint.rng_state(): the random generators' state).
+    # TODO: return everything a resumed run needs to continue exactly where this one
+    # stopped, as a dict with the keys "model", "optimizer", "epoch", "step" and "rng".
+    # Whatever is missing makes the resumed run differ from an uninterrupted one.
+    # HINT 1: Three kinds of state change during training: the weights, the optimizer's
+    #   own buffers (SGD's momentum) and the random generators (shuffling, augmentation).
+    # HINT 2: model.state_dict(), optimizer.state_dict() and checkpoint.rng_state().
+    # HINT 3: return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+    #   "epoch": epoch, "step": step, "rng": checkpoint.rng_state()}.
     ### BEGIN SOLUTION
     return {
         "model": model.state_dict(),
@@ -171,8 +191,13 @@ def checkpoint_state(model, optimizer, epoch: int, step: int) -> dict:
 
 def restore(state: dict, model, optimizer) -> tuple[int, int]:
     """Load a checkpoint_state() dict into model and optimizer; returns (epoch, step)."""
-    # TODO: load the model's and the optimizer's state dicts, restore the
-    # random generators (checkpoint.set_rng_state) and return (epoch, step).
+    # TODO: put a checkpoint_state() dict back: after this, training continues as if it
+    # had never stopped. Return (epoch, step).
+    # HINT 1: Undo checkpoint_state() key by key.
+    # HINT 2: model.load_state_dict, optimizer.load_state_dict and
+    #   checkpoint.set_rng_state.
+    # HINT 3: load the two state dicts, checkpoint.set_rng_state(state["rng"]), return
+    #   state["epoch"], state["step"].
     ### BEGIN SOLUTION
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])

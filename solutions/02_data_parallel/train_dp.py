@@ -152,10 +152,15 @@ def evaluate(model, loader, device) -> tuple[float, float]:
 # --8<-- [start:wrap]
 def wrap_model(model: nn.Module, device_ids: list[int]) -> nn.Module:
     """The model to train: DataParallel over `device_ids` when there are 2 or more."""
-    # TODO: with two or more device ids, return nn.DataParallel(model,
-    # device_ids=device_ids, output_device=device_ids[0]) (the model must
-    # already be on cuda:<device_ids[0]>); otherwise return `model` itself:
-    # DataParallel over one GPU only adds the cost of the scatter and gather.
+    # TODO: use DataParallel only where it can help: with two or more GPUs. Over one GPU
+    # it only adds the cost of scattering the batch and gathering the outputs, so return
+    # the model itself then.
+    # HINT 1: DataParallel takes the model (already on the first GPU), the GPUs to use
+    #   and the one that collects the outputs.
+    # HINT 2: nn.DataParallel(model, device_ids=device_ids,
+    #   output_device=device_ids[0]).
+    # HINT 3: if len(device_ids) >= 2: return nn.DataParallel(...); otherwise return
+    #   model.
     ### BEGIN SOLUTION
     if len(device_ids) >= 2:
         return nn.DataParallel(model, device_ids=device_ids, output_device=device_ids[0])
@@ -165,10 +170,12 @@ def wrap_model(model: nn.Module, device_ids: list[int]) -> nn.Module:
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain model inside a DataParallel wrapper (or the model itself)."""
-    # TODO: DataParallel keeps the real model in `.module`, and its
-    # state_dict() names every weight "module.<name>": a checkpoint saved
-    # from it would not load into a plain model. Return model.module for a
-    # DataParallel (isinstance(model, nn.DataParallel)), else the model.
+    # TODO: return the plain model inside a wrapper (and a plain model as it is).
+    # DataParallel names every weight "module.<name>", so a checkpoint saved from the
+    # wrapper would not load into a plain model, as lesson 01's does.
+    # HINT 1: The wrapper keeps the model it wraps in an attribute.
+    # HINT 2: isinstance(model, nn.DataParallel) and model.module.
+    # HINT 3: return model.module if isinstance(model, nn.DataParallel) else model.
     ### BEGIN SOLUTION
     if isinstance(model, nn.DataParallel):
         return model.module

@@ -97,12 +97,16 @@ def setup(rank: int, world_size: int, backend: str) -> torch.device:
     """Join the process group as `rank` of `world_size`; returns this rank's device."""
     # One machine: the local rank is the rank, and it picks the GPU.
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-    # TODO: with a GPU, make it this process's current device *before* joining
-    # the group (torch.cuda.set_device): NCCL creates its communicator on the
-    # current device, and without it every rank would pile onto cuda:0.
-    # Then join: dist.init_process_group(backend, rank=..., world_size=...,
-    # timeout=process_group_timeout(), device_id=device for a GPU else None).
-    # MASTER_ADDR and MASTER_PORT come from the environment the parent set up.
+    # TODO: join the process group as rank `rank` of `world_size`. With a GPU, first make
+    # it this process's current device: NCCL builds its communicator on the current
+    # device, and without that every rank piles onto cuda:0. MASTER_ADDR and MASTER_PORT
+    # come from the environment the parent set up.
+    # HINT 1: Two calls, in this order: choose the device, then join the group.
+    # HINT 2: torch.cuda.set_device(device) (GPU only), then
+    #   dist.init_process_group(backend, rank=..., world_size=...,
+    #   timeout=process_group_timeout(), device_id=...).
+    # HINT 3: device_id=device on a GPU, None on the CPU;
+    #   timeout=process_group_timeout() keeps a hang shorter than the grader's deadline.
     ### BEGIN SOLUTION
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -122,12 +126,16 @@ def setup(rank: int, world_size: int, backend: str) -> torch.device:
 
 # --8<-- [start:loaders]
 def make_loaders(train_set, test_set, args, device: torch.device, rank: int, world_size: int):
-    # TODO: a DistributedSampler over train_set for this rank: shuffle=True
-    # and seed=args.seed. It shuffles all indices with the same seed on every
-    # rank and gives rank r every world_size-th one from position r: disjoint
-    # shards that together cover the epoch. With drop_last=False (the default)
-    # it pads the shards to equal length, so every rank takes the same number
-    # of steps; a rank with one batch more would wait forever in its all-reduce.
+    # TODO: give this rank its own shard of the training set: disjoint from the other
+    # ranks' shards, together covering the epoch, shuffled, and of equal length on every
+    # rank (a rank with one batch more would wait forever in its all-reduce).
+    # HINT 1: Every rank shuffles all indices with the same seed and takes every
+    #   world_size-th one, starting at its rank. PyTorch has a sampler that does exactly
+    #   that, padding the shards to equal length.
+    # HINT 2: torch.utils.data.DistributedSampler(dataset, num_replicas=..., rank=...,
+    #   shuffle=True, seed=...).
+    # HINT 3: DistributedSampler(train_set, num_replicas=world_size, rank=rank,
+    #   shuffle=True, seed=args.seed).
     ### BEGIN SOLUTION
     sampler = DistributedSampler(
         train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed
@@ -235,10 +243,15 @@ def build_ddp_model(args, num_classes, channels, device):
     if args.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device, memory_format=memory_format(args))
-    # TODO: wrap the model in DDP. device_ids=[device.index] on a GPU (the one
-    # device this replica lives on), None on the CPU. Optional, for speed:
-    # gradient_as_bucket_view=True and no buffer sync before every forward (see the page,
-    # "How fast should it be?").
+    # TODO: wrap the model so that backward() averages the gradients over all ranks: then
+    # every rank takes the same step and the replicas stay identical.
+    # HINT 1: DistributedDataParallel wraps a model that is already on its device, and
+    #   needs to know which device that is on a GPU.
+    # HINT 2: DDP(model, device_ids=[device.index] on a GPU, None on the CPU). For speed
+    #   (the page's "How fast should it be?"): gradient_as_bucket_view=True and
+    #   **no_per_step_buffer_sync().
+    # HINT 3: DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+    #   gradient_as_bucket_view=True, **no_per_step_buffer_sync()).
     ### BEGIN SOLUTION
     ddp = DDP(
         model,
@@ -297,10 +310,12 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
     metrics["shards"] = []  # with --record-shards: [epoch][rank] -> sample indices
     images_total, train_seconds, accuracy = 0, 0.0, None
     for epoch in range(start_epoch, args.epochs):
-        # TODO: tell the sampler which epoch this is (sampler.set_epoch). It
-        # shuffles with seed + epoch; without the call every epoch reuses
-        # epoch 0's order, and each rank sees the same shard in the same order
-        # every epoch (no error, just a quietly worse model).
+        # TODO: make each epoch shuffle differently. The sampler shuffles with seed +
+        # epoch; left at epoch 0, every rank sees the same shard in the same order every
+        # epoch: no error, just a quietly worse model.
+        # HINT 1: The sampler cannot know the epoch by itself: tell it, at the start of
+        #   every epoch, before the loader is iterated.
+        # HINT 2: sampler.set_epoch(epoch).
         ### BEGIN SOLUTION
         sampler.set_epoch(epoch)
         ### END SOLUTION
@@ -343,11 +358,17 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
                 f"{test_loss:.4f}, test accuracy {accuracy:.2%}, {images / seconds:,.0f} img/s"
             )
         # Only a complete epoch is saved: a resumed run restarts at an epoch boundary.
-        # TODO: only rank 0 saves (when args.checkpoint is set and the epoch is
-        # complete): checkpoint_state of model.module, the plain model, whose
-        # keys have no "module." prefix, so lesson 01's model loads it. All
-        # ranks hold the same weights; N writers would race on one file. Then
-        # every rank waits at dist.barrier() until the file is complete.
+        # TODO: save the checkpoint once per completed epoch, from one rank only, in a
+        # form lesson 01's plain model loads; then make every rank wait until the file is
+        # complete. All ranks hold the same weights, and N writers would race on one file.
+        # HINT 1: The DDP wrapper's own weights are named "module.<name>"; the model
+        #   inside is the plain one. The other ranks must not run ahead (or exit) while
+        #   rank 0 writes.
+        # HINT 2: if rank == 0 and args.checkpoint and complete:
+        #   checkpoint.save(checkpoint_state(model.module, optimizer, epoch + 1, step),
+        #   args.checkpoint); then dist.barrier() on every rank.
+        # HINT 3: the barrier goes outside the `if rank == 0`: a barrier only rank 0
+        #   reaches hangs the others until the timeout.
         ### BEGIN SOLUTION
         if rank == 0 and args.checkpoint and complete:
             checkpoint.save(
@@ -399,12 +420,16 @@ def main(argv=None) -> None:
         raise ValueError(f"--backend nccl with {world_size} ranks needs {world_size} GPUs: {gpus}")
     if args.sync_bn and backend != "nccl":
         raise ValueError("--sync-bn needs --backend nccl: SyncBatchNorm runs on CUDA tensors only")
-    # TODO: rank 0 will host the rendezvous: set os.environ["MASTER_ADDR"]
-    # to "127.0.0.1" and os.environ["MASTER_PORT"] to a free port
-    # (free_port(), never a fixed number: two jobs on one machine would
-    # collide). The children inherit the environment. Then start the ranks:
-    # mp.spawn(worker, args=(world_size, backend, args), nprocs=world_size).
-    # If any rank raises, mp.spawn stops the others and raises here.
+    # TODO: start world_size processes that find each other. They meet at rank 0's address
+    # and port, which they read from the environment they inherit; the port must be free
+    # (a fixed number collides as soon as two jobs share a machine).
+    # HINT 1: Set the rendezvous address and port in this process's environment, then
+    #   start the processes: the children inherit the environment.
+    # HINT 2: os.environ["MASTER_ADDR"] = "127.0.0.1"; os.environ["MASTER_PORT"] =
+    #   str(free_port()); torch.multiprocessing.spawn runs worker(rank, *args) in nprocs
+    #   processes.
+    # HINT 3: mp.spawn(worker, args=(world_size, backend, args), nprocs=world_size). If
+    #   any rank raises, mp.spawn stops the others and raises here.
     ### BEGIN SOLUTION
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(free_port())

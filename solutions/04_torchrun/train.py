@@ -96,12 +96,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 def setup(backend: str) -> tuple[int, int, int, torch.device]:
     """Join the process group torchrun set up; returns (rank, local rank, world size, device)."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    # TODO: read this process's identity from the environment torchrun set:
-    # LOCAL_RANK, RANK and WORLD_SIZE (strings: int() them). The device is
-    # cuda:<local rank> with nccl (raise ValueError if that GPU does not
-    # exist), else the CPU. As in lesson 03, set the GPU as the current device
-    # before init_process_group; call it without rank, world_size or an
-    # init_method: its default, "env://", reads them and MASTER_ADDR/PORT.
+    # TODO: find out who this process is from the environment torchrun set (its local rank
+    # on this machine, its global rank, the world size), pick its device (refuse a GPU
+    # that does not exist), and join the process group. torchrun also set the rendezvous
+    # address and port.
+    # HINT 1: torchrun passes everything through environment variables, as strings. As
+    #   in lesson 03, set the current GPU before joining.
+    # HINT 2: LOCAL_RANK, RANK, WORLD_SIZE; dist.init_process_group(backend,
+    #   timeout=process_group_timeout(), device_id=...) with no rank, world_size or
+    #   init_method: its default "env://" reads them.
+    # HINT 3: local_rank = int(os.environ["LOCAL_RANK"]); device = torch.device("cuda",
+    #   local_rank) with nccl (ValueError if local_rank >= torch.cuda.device_count()),
+    #   else cpu; torch.cuda.set_device(device) on a GPU; then init_process_group.
     ### BEGIN SOLUTION
     local_rank = int(os.environ["LOCAL_RANK"])
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -238,11 +244,17 @@ def save_snapshot(path, model, optimizer, epoch: int, batches_done: int, step: i
     # Each rank's generators are its own: gather them, so each gets its own back.
     rng = [None] * dist.get_world_size()
     dist.all_gather_object(rng, checkpoint.rng_state())
-    # TODO: on rank 0 only, write a dict atomically with checkpoint.save:
-    # "model" (model.module.state_dict()), "optimizer", "epoch", "batches_done"
-    # (batches of that epoch already trained), "step", "rng" (the list) and
-    # "world_size". checkpoint.save writes a temporary file and renames it:
-    # a crash mid-write leaves the previous snapshot intact.
+    # TODO: write a snapshot from which a restarted group continues exactly where this one
+    # stopped, even mid-epoch. One rank writes it, and a crash while writing must leave
+    # the previous snapshot intact.
+    # HINT 1: Besides lesson 01's weights, optimizer and RNG, a mid-epoch restart needs
+    #   to know how many batches of the epoch are done, and which world size the shards
+    #   were cut for. Write to a temporary file and rename it onto the name: a rename is
+    #   atomic.
+    # HINT 2: checkpoint.save(state, path) writes a temporary file and renames it; the
+    #   keys "model" (model.module.state_dict()), "optimizer", "epoch", "batches_done",
+    #   "step", "rng" (the list of every rank's) and "world_size".
+    # HINT 3: if dist.get_rank() == 0: checkpoint.save({...}, path).
     ### BEGIN SOLUTION
     if dist.get_rank() == 0:
         state = {
@@ -262,11 +274,15 @@ def save_snapshot(path, model, optimizer, epoch: int, batches_done: int, step: i
 
 def load_snapshot(path, model, optimizer, device) -> tuple[int, int, int]:
     """Restore a snapshot on every rank; returns (epoch, batches done, step)."""
-    # TODO: checkpoint.load(path, device); refuse (ValueError) a snapshot from
-    # another world size (its shards and batch positions would not line up);
-    # load the model's (model.module) and the optimizer's state, this rank's
-    # random generators (checkpoint.set_rng_state(state["rng"][rank])), and
-    # return (epoch, batches_done, step).
+    # TODO: load a snapshot back into this rank and return (epoch, batches_done, step).
+    # Refuse, with a ValueError, a snapshot written by another number of ranks: its shards
+    # and batch positions would not line up with this run's.
+    # HINT 1: Undo save_snapshot: the weights into the plain model inside DDP, the
+    #   optimizer, and this rank's own random generators.
+    # HINT 2: checkpoint.load(path, device); state["world_size"] against
+    #   dist.get_world_size(); model.module.load_state_dict; optimizer.load_state_dict;
+    #   checkpoint.set_rng_state(state["rng"][rank]).
+    # HINT 3: return state["epoch"], state["batches_done"], state["step"].
     ### BEGIN SOLUTION
     state = checkpoint.load(path, device)
     if state["world_size"] != dist.get_world_size():
@@ -297,10 +313,12 @@ def build_ddp_model(args, num_classes, channels, device):
     if args.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device, memory_format=memory_format(args))
-    # TODO: wrap the model in DDP. device_ids=[device.index] on a GPU (the one
-    # device this replica lives on), None on the CPU. Optional, for speed:
-    # gradient_as_bucket_view=True and no buffer sync before every forward (see the page,
-    # "How fast should it be?").
+    # TODO: wrap the model so that backward() averages the gradients over all ranks, as in
+    # lesson 03.
+    # HINT 1: DistributedDataParallel wraps a model that is already on its device, and
+    #   needs to know which device that is on a GPU.
+    # HINT 2: DDP(model, device_ids=[device.index] on a GPU, None on the CPU), with
+    #   gradient_as_bucket_view=True and **no_per_step_buffer_sync() for speed.
     ### BEGIN SOLUTION
     ddp = DDP(
         model,
@@ -365,11 +383,14 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
     resumed_at = step if step else None
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
-        # TODO: make the sampler skip what this epoch already trained: set
-        # sampler.skip to `skip` batches' worth of indices (skip x batch size).
-        # Keep that number of batches in `done_before`: a snapshot taken later
-        # in this epoch must count the batches trained before the restart too.
-        # Then reset `skip` to 0 so the following epochs start at the top.
+        # TODO: after a restart in the middle of an epoch, train only the batches the
+        # snapshot did not cover, and remember how many were done before the restart in
+        # `done_before`: a snapshot taken later in this epoch must count them too, or a
+        # second crash resumes at the wrong batch. Later epochs start at the top.
+        # HINT 1: The sampler (course's resumable one) can skip a number of *indices* at
+        #   the start of its shard; `skip` counts *batches*.
+        # HINT 2: sampler.skip = skip * args.batch_size; done_before = skip; then skip =
+        #   0.
         ### BEGIN SOLUTION
         sampler.skip = skip * args.batch_size
         done_before, skip = skip, 0

@@ -1,0 +1,60 @@
+"""Realistic wrong versions of lesson 01 (one device), and an honest different one.
+
+See tests/mutants/lesson_03.py for the format; tests/test_mutants.py applies them.
+"""
+
+FILE = "01_single_device/train.py"
+
+MUTANTS = [
+    dict(
+        name="gradients_never_cleared",
+        why="no optimizer.zero_grad(): every step adds to all the gradients before it",
+        old="        optimizer.zero_grad(set_to_none=True)\n        loss.backward()\n",
+        new="        loss.backward()\n",
+        caught_by="learns_digits or optimizer_steps",
+    ),
+    dict(
+        name="mean_of_batch_means",
+        why="evaluate sums batch means: the last, smaller batch weighs as much as a full one",
+        old='total_loss += F.cross_entropy(logits, labels, reduction="sum").item()',
+        new="total_loss += F.cross_entropy(logits, labels).item() * 3",
+        caught_by="evaluate_counts",
+    ),
+    dict(
+        name="no_model_eval",
+        why="evaluate leaves the model in training mode (BatchNorm uses batch statistics)",
+        old="    model.eval()  # BatchNorm uses its running statistics",
+        new="    pass  # BatchNorm uses its running statistics",
+        caught_by="evaluate_counts",
+    ),
+    dict(
+        name="epoch_in_progress_saved",
+        why="the checkpoint says `epoch` (the one in progress) instead of epoch + 1 (done)",
+        old="checkpoint.save(checkpoint_state(model, optimizer, epoch + 1, step), args.checkpoint)",
+        new="checkpoint.save(checkpoint_state(model, optimizer, epoch, step), args.checkpoint)",
+        caught_by="checkpoint_is_complete or resume_is_bit_exact",
+    ),
+    dict(
+        name="rng_not_restored",
+        why="restore() forgets the random generators: the resumed epoch shuffles differently",
+        old='    checkpoint.set_rng_state(state["rng"])\n',
+        new="",
+        caught_by="round_trip or resume_is_bit_exact",
+    ),
+    dict(
+        name="momentum_not_restored",
+        why="restore() forgets the optimizer: SGD restarts without its momentum",
+        old='    optimizer.load_state_dict(state["optimizer"])\n',
+        new="",
+        caught_by="round_trip or resume_is_bit_exact",
+    ),
+]
+
+ALTERNATIVES = [
+    dict(
+        name="plain_step_and_mean_loss",
+        why="a training step without autocast's context, and evaluate from mean losses x sizes",
+        old='total_loss += F.cross_entropy(logits, labels, reduction="sum").item()',
+        new="total_loss += F.cross_entropy(logits, labels).item() * len(labels)",
+    ),
+]

@@ -1,0 +1,101 @@
+"""course.hints and the release's hint files: `python -m course hint NN [K]`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+
+from course import REPO_ROOT, hints, lessons, procs, release
+
+WITH_TODOS = [lesson for lesson in lessons.LESSONS if hints.todos(lesson)]
+
+
+def hint_command(*args, cwd=REPO_ROOT):
+    result = procs.run([sys.executable, "-m", "course", "hint", *args], timeout=60, cwd=cwd)
+    result.output = " ".join(result.output.split())  # the command wraps long lines
+    return result
+
+
+def test_every_lesson_ships_its_hints_next_to_the_starter():
+    assert [lesson.number for lesson in WITH_TODOS] == [x.number for x in lessons.LESSONS]
+    for lesson in WITH_TODOS:
+        starter = lesson.path(REPO_ROOT / "lessons").read_text()
+        assert "# HINT" not in starter, f"lesson {lesson.number}: hints leaked into the starter"
+        todos = hints.todos(lesson)
+        assert len(todos) == starter.count('raise NotImplementedError("TODO at')
+        for todo in todos:
+            assert todo["goal"] and todo["id"] in starter, todo
+            assert len(todo["hints"]) >= 2, f"{todo['id']}: give at least two hints"
+
+
+@pytest.mark.parametrize("lesson", WITH_TODOS, ids=lambda lesson: lesson.number)
+def test_a_todo_states_the_goal_and_leaves_the_code_to_the_hints(lesson):
+    """The TODO text must not hand over the last hint (the near-code one)."""
+    for todo in hints.todos(lesson):
+        last = todo["hints"][-1]
+        assert last not in todo["goal"], f"{todo['id']}: the goal repeats the last hint"
+
+
+def test_convert_collects_goal_and_hints_and_drops_them_from_the_starter():
+    source = (
+        "def f():\n"
+        "    # TODO: make f return one,\n"
+        "    # because tests like it.\n"
+        "    # HINT 1: think of a number\n"
+        "    # HINT 2: the number after zero,\n"
+        "    #   written as a literal\n"
+        "    ### BEGIN SOLUTION\n"
+        "    return 1\n"
+        "    ### END SOLUTION\n"
+    )
+    starter, todos = release.convert(source, "x.py")
+    assert "HINT" not in starter and "return 1" not in starter
+    assert 'raise NotImplementedError("TODO at x.py:4 is not done yet")' in starter
+    assert todos == [
+        {
+            "id": "TODO at x.py:4",
+            "goal": "make f return one, because tests like it.",
+            "hints": ["think of a number", "the number after zero, written as a literal"],
+        }
+    ]
+
+
+def test_hint_walks_through_the_todos_as_they_are_solved(tmp_path):
+    lesson = lessons.get("01")
+    folder = lesson.path(REPO_ROOT / "lessons").parent
+    impl = tmp_path / "impl"
+    shutil.copytree(folder, impl / folder.name)
+    todos = hints.todos(lesson)
+    first = hint_command("01", "--impl", str(impl))
+    assert first.ok, first.describe()
+    assert f"TODO 1 of {len(todos)}" in first.output and todos[0]["hints"][0] in first.output
+    assert "python -m course hint 01 2" in first.output
+    second = hint_command("01", "2", "--impl", str(impl))
+    assert todos[0]["hints"][1] in second.output
+
+    script = lesson.path(impl)  # "solve" the first TODO: its raise is gone
+    source = script.read_text()
+    script.write_text(
+        source.replace(f'raise NotImplementedError("{todos[0]["id"]}', "pass  # (", 1)
+    )
+    after = hint_command("01", "--impl", str(impl))
+    assert f"TODO 2 of {len(todos)}" in after.output and todos[1]["hints"][0] in after.output
+
+    done = hint_command("01", "--impl", str(REPO_ROOT / "solutions"))
+    assert "every TODO of lesson 01 is done" in done.output
+
+
+@pytest.mark.parametrize(("args", "says"), [(["99"], "no lesson '99'"), (["01", "0"], "from 1")])
+def test_bad_hint_requests_give_one_line(args, says):
+    result = hint_command(*args)
+    assert result.returncode == 2 and says in result.output, result.output
+    assert result.output.startswith("python -m course hint: error:"), result.output
+
+
+def test_hint_files_are_json_the_site_can_read():
+    for lesson in WITH_TODOS:
+        path = lesson.path(REPO_ROOT / "lessons").parent / release.HINTS_FILE
+        assert json.loads(path.read_text())["todos"]

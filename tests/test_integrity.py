@@ -1,0 +1,241 @@
+"""A dishonest submission cannot raise its score (docs/threat-model.md).
+
+Each cheat below is a few lines added to the top of the *unsolved* starters
+of lessons 00 and 03, nothing else; the two lessons are then graded together
+in a subprocess, as an instructor would, with --grade-json. The grade, in the
+terminal table and in the JSON file, must not exceed the plain starters'.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from course import REPO_ROOT, lessons, procs
+
+GRADED = ("00", "03")
+EVERY_LESSON = tuple(lesson.number for lesson in lessons.LESSONS)
+
+CHEATS = {
+    # Rewrites pytest's reports: only works in a process that runs pytest.
+    "patch_pytest_reports": """
+        try:
+            from _pytest.reports import TestReport as _Report
+
+            _made = _Report.from_item_and_call
+
+            def _passed(item, call):
+                report = _made(item, call)
+                report.outcome, report.longrepr = "passed", None
+                return report
+
+            _Report.from_item_and_call = staticmethod(_passed)
+        except Exception:
+            pass
+    """,
+    # Finds --grade-json in its ancestors' command lines and writes a perfect
+    # score there: now, at exit, and from a daemon that leaves its process group.
+    "rewrite_results_file": """
+        import atexit as _atexit, json as _json, os as _os, time as _time
+
+        def _grade_files():
+            found, pid = [], _os.getppid()
+            while pid > 1:
+                try:
+                    args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+                    stat = open(f"/proc/{pid}/stat").read()
+                except OSError:
+                    break
+                for i, arg in enumerate(args):
+                    if arg.startswith(b"--grade-json="):
+                        found.append(arg.split(b"=", 1)[1].decode())
+                    elif arg == b"--grade-json" and i + 1 < len(args):
+                        found.append(args[i + 1].decode())
+                pid = int(stat[stat.rfind(")") + 2 :].split()[1])
+            return found
+
+        def _forge():
+            forged = {"score": 1000, "max_score": 1000, "tests": [
+                {"name": "forged", "score": 1000, "max_score": 1000, "status": "passed"}]}
+            for path in _grade_files():
+                try:
+                    with open(path, "w") as f:
+                        _json.dump(forged, f)
+                except OSError:
+                    pass
+
+        _forge()
+        _atexit.register(_forge)
+        if _os.fork() == 0:
+            _os.setsid()
+            if _os.fork() == 0:
+                for _ in range(1200):
+                    _forge()
+                    _time.sleep(0.1)
+            _os._exit(0)
+    """,
+    # Makes every tensor comparison succeed, in its own process.
+    "patch_torch_comparisons": """
+        import torch as _torch
+
+        _torch.equal = lambda *a, **k: True
+        _torch.allclose = lambda *a, **k: True
+        _torch.testing.assert_close = lambda *a, **k: None
+    """,
+    # Kills the process that started it (the grader, or a launcher under it).
+    "kill_the_parent": """
+        import os as _os, signal as _signal
+
+        _os.kill(_os.getppid(), _signal.SIGKILL)
+    """,
+    # Run as a script: prints what the tests look for, writes plausible files,
+    # and exits with status 0 before any real work.
+    "forge_output_and_files": """
+        import json as _json, os as _os, sys as _sys
+
+        if __name__ == "__main__":
+            _argv = _sys.argv
+            _arg = lambda flag: _argv[_argv.index(flag) + 1] if flag in _argv else None
+            print("How many GPUs does this process see? 0")
+            print("smoke test passed: 2 processes, backend " + (_arg("--backend") or "gloo"))
+            _logs = _os.environ.get("COURSE_RANK_LOG_DIR")
+            for _rank in (0, 1) if _logs else ():
+                with open(_os.path.join(_logs, f"rank{_rank}.log"), "w") as _f:
+                    _f.write(f"rank {_rank}/2\\nglobal batch 128\\ntest accuracy 99.0%\\n")
+            _half = list(range(719))
+            _shards = [[_half, [i + 719 for i in _half]], [_half[::-1], [i + 719 for i in _half]]]
+            _epochs = [{"epoch": 1, "train_loss": 2.0}, {"epoch": 2, "train_loss": 0.1}]
+            _metrics = {"final_accuracy": 0.99, "world_size": 2, "global_batch_size": 128,
+                        "epochs": _epochs, "shards": _shards}
+            if _arg("--metrics-out"):
+                with open(_arg("--metrics-out"), "w") as _f:
+                    _json.dump(_metrics, _f)
+            if _arg("--checkpoint"):
+                import torch as _torch
+                from course import models as _models
+
+                _torch.manual_seed(0)
+                _model = _models.build_model("cnn", 10, 1, norm=_arg("--norm") or "batch")
+                _torch.save({"model": _model.state_dict(), "epoch": 2, "step": 24},
+                            _arg("--checkpoint"))
+            _os._exit(0)
+    """,
+    # Stops at once with status 0, whatever imports or runs it.
+    "exit_zero_early": """
+        import os as _os
+
+        _os._exit(0)
+    """,
+    # Runs the reference solution instead, when it can find one next to the course.
+    "run_the_reference": """
+        import pathlib as _pathlib, runpy as _runpy, sys as _sys
+        import course as _course
+
+        _here = _pathlib.Path(__file__)
+        _ref = (_pathlib.Path(_course.__file__).resolve().parents[1] / "solutions"
+                / _here.parent.name / _here.name)
+        if _ref.is_file():
+            if __name__ == "__main__":
+                _runpy.run_path(str(_ref), run_name="__main__")
+                _sys.exit(0)
+            _sys.modules[__name__].__dict__.update(_runpy.run_path(str(_ref)))
+            raise SystemExit(0)
+    """,
+}
+
+
+def starters_with(tmp_path: Path, cheat: str | None) -> Path:
+    """A copy of the unsolved starters of GRADED with `cheat` put at the top of each file."""
+    impl = tmp_path / "impl"
+    for number in GRADED:
+        lesson = lessons.get(number)
+        shutil.copytree(lesson.path("lessons").parent, impl / lesson.path("lessons").parent.name)
+        if cheat is None:
+            continue
+        path = lesson.path(impl)
+        source = path.read_text()
+        anchor = "from __future__ import annotations\n"
+        assert anchor in source, f"{path.name}: the cheat goes after the __future__ import"
+        path.write_text(source.replace(anchor, anchor + textwrap.dedent(cheat), 1))
+    return impl
+
+
+def grade(tmp_path: Path, impl: Path, root: Path = REPO_ROOT, numbers=GRADED, workers=0) -> dict:
+    """Grade lessons `numbers` on `impl` from the course at `root`; the totals of the
+    table and of the file (read again a second later: nothing may rewrite it)."""
+    results = tmp_path / "results.json"
+    tests = [p for n in numbers for p in sorted((root / "tests").glob(f"test_{n}_*.py"))]
+    args = [sys.executable, "-m", "pytest", *map(str, tests), f"--impl={impl}"]
+    args += [f"--grade-json={results}", "-p", "no:cacheprovider", "-q"]
+    args += ["-n", str(workers)] if workers else ["-p", "no:xdist"]
+    run = procs.run(args, timeout=600, cwd=root)
+    assert not run.timed_out, run.describe()
+    table = re.search(r"^total\s+([\d.]+)/([\d.]+)", run.output, re.M)
+    scores = []
+    for wait in (0, 1):
+        time.sleep(wait)
+        try:
+            scores.append(json.loads(results.read_text())["score"])
+        except (OSError, ValueError, KeyError, TypeError):
+            scores.append(None)  # no valid file: Gradescope reports a failed grading, 0 points
+    file_score = None if None in scores else max(scores)
+    return {"table": float(table.group(1)) if table else None, "file": file_score, "run": run}
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The grade of the unsolved starters, unmodified."""
+    tmp = tmp_path_factory.mktemp("plain")
+    return grade(tmp, starters_with(tmp, None))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("cheat", [c for c in CHEATS if c != "run_the_reference"])
+def test_a_cheat_does_not_raise_the_score(tmp_path, plain, cheat):
+    got = grade(tmp_path, starters_with(tmp_path, CHEATS[cheat]))
+    base = plain["file"]
+    assert plain["table"] == base, "the plain starters' table and file should agree"
+    for where in ("table", "file"):
+        score = got[where]
+        assert score is None or score <= base, (
+            f"the cheat '{cheat}' raised the {where} score of unsolved starters from {base} "
+            f"to {score}\n{got['run'].describe(lines=30)}"
+        )
+
+
+@pytest.mark.mutation
+@pytest.mark.timeout(900)
+def test_grading_needs_no_solutions_folder(tmp_path):
+    """As in a class deployment: the course without solutions/ grades a correct
+    submission (the reference, copied elsewhere) in full, every lesson, and the
+    run-the-reference cheat finds nothing to run. (With solutions/ next to the
+    submission that cheat works: fine for self-study, never for a graded class.)"""
+    course = tmp_path / "course-copy"
+    for name in ("course", "tests", "lessons", "pyproject.toml"):
+        source = REPO_ROOT / name
+        ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+        if source.is_dir():
+            shutil.copytree(source, course / name, ignore=ignore)
+        else:
+            shutil.copy2(source, course / name)
+    assert not (course / "solutions").exists()
+    submission = tmp_path / "submission"
+    for number in EVERY_LESSON:
+        folder = lessons.get(number).path("solutions").parent
+        shutil.copytree(folder, submission / folder.name)
+    full = grade(tmp_path, submission, root=course, numbers=EVERY_LESSON, workers=2)
+    print(f"the whole course graded in {full['run'].seconds:.0f} s (-n 2)")
+    assert full["file"] is not None and full["file"] == full["table"], full["run"].describe()
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["score"] == results["max_score"] > 0, full["run"].describe(lines=40)
+    cheat_dir = tmp_path / "cheat"
+    cheat_dir.mkdir()
+    cheat = grade(cheat_dir, starters_with(cheat_dir, CHEATS["run_the_reference"]), root=course)
+    assert (cheat["file"] or 0) < results["max_score"] / 4, cheat["run"].describe(lines=30)
