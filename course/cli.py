@@ -134,6 +134,11 @@ def _hint(args) -> int:
 
 def _doctor(_args) -> int:
     script = lessons.get("00").path(REPO_ROOT / "solutions")
+    if not script.is_file():
+        raise FileNotFoundError(
+            "the reference solutions are not installed here (a graded class ships without "
+            "them); run your own `python lessons/00_environment/env_check.py` instead"
+        )
     return subprocess.call([sys.executable, str(script)], env=procs.child_env())
 
 

@@ -7,6 +7,8 @@ and costs nothing otherwise:
 
     COURSE_STEP_LOG     step timestamps for `course bench` (course/step_clock.py)
     COURSE_WRITE_LOG    which rank wrote which file (course/write_log.py)
+    COURSE_REPLICA_LOG  a fingerprint of each rank's weights after every step
+                        (course/replicas.py)
     COURSE_KILL_*       faults injected on purpose (course/chaos.py)
 
 The lessons never call any of this: a student's own way of writing the same
@@ -17,7 +19,13 @@ from __future__ import annotations
 
 import os
 
-ENVIRONMENT = ("COURSE_STEP_LOG", "COURSE_WRITE_LOG", "COURSE_KILL_AT_STEP", "COURSE_KILL_IN_SAVE")
+ENVIRONMENT = (
+    "COURSE_STEP_LOG",
+    "COURSE_WRITE_LOG",
+    "COURSE_REPLICA_LOG",
+    "COURSE_KILL_AT_STEP",
+    "COURSE_KILL_IN_SAVE",
+)
 
 
 def install() -> None:
@@ -31,6 +39,10 @@ def install() -> None:
         from course import write_log
 
         write_log.install(os.environ["COURSE_WRITE_LOG"])
+    if os.environ.get("COURSE_REPLICA_LOG"):
+        from course import replicas
+
+        replicas.install()
     from course import chaos
 
     chaos.install()

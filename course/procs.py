@@ -197,6 +197,30 @@ def kill_descendants() -> list[int]:
     return pids
 
 
+CHILD_USER_ENV = "COURSE_CHILD_USER"
+
+
+def child_user(*folders: str | Path | None) -> dict:
+    """Popen's user/group options when the grader runs as root with COURSE_CHILD_USER set.
+
+    In the course container an instructor grades as root and sets
+    COURSE_CHILD_USER=student: every child then runs as that unprivileged
+    user, who cannot write the results file, the grader's code or the
+    reference solutions, nor signal the grader. The child's working folders
+    are handed to that user. Elsewhere (a laptop, CI as an ordinary user)
+    children run as the grader's own user: see docs/threat-model.md."""
+    name = os.environ.get(CHILD_USER_ENV)
+    if not name or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return {}
+    import pwd
+
+    entry = pwd.getpwnam(name)  # KeyError: a user that does not exist is a setup error
+    for folder in folders:
+        if folder is not None and Path(folder).exists():
+            os.chown(folder, entry.pw_uid, entry.pw_gid)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
 # Limits every child runs under: no core dumps, and no file larger than
 # this (a runaway writer fills no disk). CPU time is bounded by each run's
 # deadline, which kills the whole group.
@@ -266,6 +290,7 @@ def run(
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         extra[RANK_LOG_ENV] = str(log_dir)
     start = time.monotonic()
+    user = child_user(cwd, log_dir)
     # A file, not a pipe: a chatty child can never block on a full pipe buffer.
     with tempfile.TemporaryFile() as out:
         proc = subprocess.Popen(
@@ -276,6 +301,7 @@ def run(
             cwd=cwd,
             env=child_env(extra, one_thread),
             start_new_session=True,
+            **user,
         )
         pgid = proc.pid
         limit(proc.pid)

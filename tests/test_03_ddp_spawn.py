@@ -31,8 +31,9 @@ from pathlib import Path
 
 import pytest
 
-from course import checkpoint, judge, lessons, models, procs, write_log
+from course import checkpoint, judge, lessons, models, procs, replicas, write_log
 from course.grading import call_lesson
+from course.replicas import LOG_ENV as REPLICA_ENV
 from course.write_log import WRITE_LOG_ENV
 
 LESSON = lessons.get("03")
@@ -70,6 +71,8 @@ def runs(impl, backend, tmp_path_factory):
             extra = ["--norm", "none", "--batch-size", batch, "--checkpoint", "out/ckpt.pt"]
             extra += ["--metrics-out", "out/metrics.json", "--record-shards"]
             jobs[name] = launch(impl, folder, *extra, nproc=nproc, backend=backend)
+            (folder / "replicas").mkdir()
+            jobs[name]["env"][REPLICA_ENV] = str(folder / "replicas")
         folder = folders["learn"] = tmp_path_factory.mktemp(f"learn-{backend}")
         extra = ["--batch-size", 32, "--metrics-out", "metrics.json", "--checkpoint", "ckpt.pt"]
         jobs["learn"] = launch(impl, folder, *extra, nproc=2, backend=backend)
@@ -138,6 +141,18 @@ def test_two_ranks_learn_the_digits(runs, backend):
     metrics = json.loads((runs["learn"][1] / "metrics.json").read_text())
     assert metrics["final_accuracy"] == pytest.approx(accuracy, abs=1e-4), (
         f"metrics.json says {metrics['final_accuracy']}, the saved model scores {accuracy:.4f}"
+    )
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+def test_replicas_stay_identical_after_every_step(runs, backend):
+    """Both ranks hold the same weights after every optimizer step (course/replicas.py)."""
+    _, folder = finished(runs)
+    differs = replicas.first_difference(folder / "replicas")
+    assert differs is None, (
+        f"{differs}. DDP averages the gradients, so every rank takes the same step from the "
+        "same weights; likely cause: the model is not wrapped in DistributedDataParallel"
     )
 
 

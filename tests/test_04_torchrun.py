@@ -7,7 +7,10 @@ environment variables, from inside the processes (course/probes.py), whatever
 code the lesson uses. Three launches start at once and are shared by the
 tests (cached per backend):
 
-  ref    no fault: the result every other run must reproduce, bit for bit
+  ref    no fault, launched as two nodes (two torchrun agents with one
+         process each, c10d rendezvous on loopback): the result every
+         other run must reproduce, bit for bit; each rank's weights are
+         fingerprinted after every step (course/replicas.py)
   kill   snapshots every 3 steps; rank 1 SIGKILLs itself after step 5 (the
          group resumes from step 3, mid-epoch), and again 4 steps into the
          second attempt, at step 7: the step-6 snapshot, taken inside the
@@ -17,7 +20,9 @@ tests (cached per backend):
          (step 8); --max-restarts 0, so the job fails
 
 and a fourth, `resume`, runs the same command again without a fault on a
-copy of the crash's folder, as soon as the crash has ended.
+copy of the crash's folder, as soon as the crash has ended; a fifth,
+`one_rank`, starts 1 process on a copy of ref's folder once ref has ended:
+a snapshot written by 2 ranks must be refused with a clear error.
 The restart overhead (the kill's timestamp to the first step after the
 restart) is printed by test_restart_overhead_is_measured; it is a figure to
 read, never asserted against a time.
@@ -25,18 +30,22 @@ read, never asserted against a time.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
-from course import checkpoint, lessons, procs, write_log
+from course import checkpoint, lessons, procs, replicas, write_log
 from course.chaos import KILL_AT_STEP, KILL_IN_SAVE, KILL_RANK
 from course.cli import lesson_command
+from course.dist import free_port
 from course.grading import call_lesson
+from course.replicas import LOG_ENV as REPLICA_ENV
 from course.write_log import WRITE_LOG_ENV
 
 LESSON = lessons.get("04")
@@ -46,14 +55,14 @@ KILL_EVERY, KILL_STEPS = 3, (5, 4)  # the kill run: snapshot period, kills per a
 ARGS = ["--epochs", "2", "--batch-size", "128", "--seed", "0", "--quiet"]
 ARGS += ["--snapshot", "snapshot.pt", "--snapshot-every", str(EVERY), "--checkpoint", "final.pt"]
 
-NAMES = ("ref", "kill", "crash", "resume")
+NAMES = ("ref", "kill", "crash", "resume", "one_rank")
 _runs: dict = {}
 
 
-def torchrun(impl, backend, folder, restarts, env=None, every=EVERY):
+def torchrun(impl, backend, folder, restarts, env=None, every=EVERY, nproc=2):
     """One torchrun launch of the lesson in `folder` (an empty folder)."""
     args = [*ARGS[:-4], "--snapshot-every", str(every), *ARGS[-2:]]
-    command = lesson_command(LESSON, impl, 2, backend, args, max_restarts=restarts)
+    command = lesson_command(LESSON, impl, nproc, backend, args, max_restarts=restarts)
 
     def fresh():  # before a second launch: the folder as the first one found it
         for path in folder.iterdir():
@@ -66,6 +75,30 @@ def torchrun(impl, backend, folder, restarts, env=None, every=EVERY):
         cwd=folder,
         log_dir=folder / "ranks",
         env={WRITE_LOG_ENV: str(folder / "writes.log"), **(env or {})},
+    )
+
+
+def two_nodes(impl, backend, folder):
+    """The lesson as a 2-node job on this machine: two torchrun agents, one process each,
+    meeting at a c10d rendezvous on loopback, as `torchrun --nnodes 2` on two hosts would."""
+    standalone = lesson_command(LESSON, impl, 1, backend, ARGS)
+    script_at = standalone.index(str(LESSON.path(impl)))
+    endpoint = f"127.0.0.1:{free_port()}"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1"]
+    launcher += ["--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", "--rdzv_id=ref"]
+    command = [*launcher, *standalone[script_at:]]
+    env = {WRITE_LOG_ENV: str(folder / "writes.log"), REPLICA_ENV: str(folder / "replicas")}
+    (folder / "replicas").mkdir()
+    job = dict(args=command, timeout=150, cwd=folder, log_dir=folder / "ranks", env=env)
+    agents = procs.run_all({"node0": job, "node1": job})
+    a, b = agents["node0"], agents["node1"]
+    failed = [r.returncode for r in (a, b) if r.returncode]
+    return dataclasses.replace(
+        a,
+        returncode=failed[0] if failed else a.returncode,
+        timed_out=a.timed_out or b.timed_out,
+        output=f"--- node 0 ---\n{a.output}\n--- node 1 ---\n{b.output}",
+        rank_logs={**a.rank_logs, **b.rank_logs},
     )
 
 
@@ -91,12 +124,18 @@ def runs(impl, backend, tmp_path_factory):
             env = {KILL_RANK: "1", KILL_AT_STEP: ",".join(map(str, KILL_STEPS))}
             return torchrun(impl, backend, folders["kill"], 2, env, KILL_EVERY)
 
+        def ref_then_one_rank():
+            ref = two_nodes(impl, backend, folders["ref"])
+            shutil.copy2(folders["ref"] / "snapshot.pt", folders["one_rank"] / "snapshot.pt")
+            return ref, torchrun(impl, backend, folders["one_rank"], 0, nproc=1)
+
         with ThreadPoolExecutor(max_workers=3) as pool:
-            ref = pool.submit(launch, "ref", 1)
+            first = pool.submit(ref_then_one_rank)
             killed = pool.submit(kill)
             crash, resume = pool.submit(crash_then_resume).result()
-            results = {"ref": ref.result(), "kill": killed.result(), "crash": crash}
-            results["resume"] = resume
+            ref, one_rank = first.result()
+            results = {"ref": ref, "kill": killed.result(), "crash": crash}
+            results |= {"resume": resume, "one_rank": one_rank}
         _runs[backend] = {name: (results[name], folders[name]) for name in NAMES}
     return _runs[backend]
 
@@ -218,6 +257,37 @@ def test_restart_overhead_is_measured(runs, backend):
     overhead = float(resumed.group(1)) - float(killed.group(1))
     print(f"restart overhead: {overhead:.2f} s from the kill to the first step after the restart")
     assert overhead > 0
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_two_nodes_keep_identical_replicas(runs, backend):
+    """Launched as 2 nodes x 1 process, every rank holds the same weights after every
+    optimizer step: DDP syncs across the two launchers."""
+    _, folder = finished(runs, "ref")
+    differs = replicas.first_difference(folder / "replicas")
+    assert differs is None, (
+        f"{differs}. DDP keeps every replica identical; likely cause: the model is not "
+        "wrapped in DistributedDataParallel"
+    )
+
+
+@pytest.mark.points(1)
+def test_a_snapshot_from_another_number_of_ranks_is_refused(runs, backend):
+    """Resuming ref's 2-rank snapshot with 1 process stops at once with a one-line error
+    (its shards and batch positions would not line up); with 2 it resumes (the kill test)."""
+    result, folder = runs["one_rank"]
+    assert not result.timed_out, result.describe()
+    assert result.returncode != 0 and not (folder / "final.pt").exists(), (
+        "a snapshot written by 2 ranks was resumed by 1 without complaint; compare the "
+        f"snapshot's world size with this job's and raise ValueError\n{result.describe()}"
+    )
+    log = rank_log(result, 0)
+    errors = [line for line in log.splitlines() if "error" in line.lower()]
+    assert errors and "Traceback" not in log, (
+        f"expected a one-line error naming the two world sizes, got:\n{log[-2000:]}"
+    )
+    assert re.search(r"\b2\b", errors[-1]) and re.search(r"\b1\b", errors[-1]), errors[-1]
 
 
 @pytest.mark.points(1)

@@ -6,6 +6,8 @@ import socket
 import sys
 import textwrap
 
+import pytest
+
 from course import dist, procs
 
 
@@ -134,3 +136,42 @@ def test_torchrun_agent_race_is_recognised_and_launched_again(tmp_path):
     failed = launch("plain")  # rank 1 fails, rank 0 leaves no error file: no race
     assert fresh_calls == [1] and not procs.torchrun_agent_raced(failed), failed.describe()
     assert failed.returncode != 0 and "ChildFailedError" in failed.output, failed.describe()
+
+
+def test_children_run_as_the_configured_user_when_grading_as_root(monkeypatch):
+    """COURSE_CHILD_USER=nobody (the container uses `student`): a child gets that uid,
+    and cannot write a file the grader owns."""
+    import os
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("dropping to another user needs root (the container's grader runs as root)")
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    nobody = pwd.getpwnam("nobody")
+    tmp_path = Path(tempfile.mkdtemp(prefix="course-user-"))  # pytest's own is root-only
+    folder = tmp_path / "child"
+    folder.mkdir()
+    os.chmod(tmp_path, 0o755)
+    for parent in tmp_path.parents:  # the child must be able to reach its folder
+        if not os.access(parent, os.X_OK) or parent.stat().st_mode & 0o001 == 0:
+            pytest.skip(f"{parent} is not reachable by other users here")
+    results = tmp_path / "results.json"
+    results.write_text("{}")
+    os.chmod(results, 0o644)
+    monkeypatch.setenv(procs.CHILD_USER_ENV, "nobody")
+    code = f"import os; print(os.getuid()); open({str(results)!r}, 'w').write('forged')"
+    try:
+        # any interpreter 'nobody' may run: the test is about the uid, not about torch
+        python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+        result = procs.run([python, "-c", code], timeout=30, cwd=folder)
+    except PermissionError as err:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+        pytest.skip(f"this interpreter is not usable by 'nobody' ({err}); the container's is")
+    try:
+        assert result.output.splitlines()[0] == str(nobody.pw_uid), result.describe()
+        assert "PermissionError" in result.output and results.read_text() == "{}"
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from course import REPO_ROOT, procs
+from course import REPO_ROOT, procs, release
 
 MUTANT_DIR = Path(__file__).with_name("mutants")
 
@@ -58,6 +58,42 @@ def grade(number: str, impl: Path, *options: str):
     args = [sys.executable, "-m", "pytest", *map(str, tests), f"--impl={impl}"]
     args += ["-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-rN", *options]
     return procs.run(args, timeout=300, cwd=REPO_ROOT)
+
+
+def todo_blocks(source: str) -> list[tuple[int, int]]:
+    """(first, last) character offsets of each ### BEGIN/END SOLUTION block."""
+    blocks, start = [], None
+    offset = 0
+    for line in source.splitlines(keepends=True):
+        if line.strip() == release.BEGIN:
+            start = offset
+        elif line.strip() == release.END and start is not None:
+            blocks.append((start, offset + len(line)))
+            start = None
+        offset += len(line)
+    return blocks
+
+
+def test_every_todo_has_a_mutant_and_every_case_applies_once():
+    """Fast (no grading): each case's `old` occurs exactly once in its solution, and
+    every TODO block of every lesson is changed by at least one mutant."""
+    lessons_seen = set()
+    for path in sorted(MUTANT_DIR.glob("lesson_*.py")):
+        module = load(path)
+        source = (REPO_ROOT / "solutions" / module.FILE).read_text()
+        lessons_seen.add(module.FILE.split("/")[0])
+        for case in [*module.MUTANTS, *module.ALTERNATIVES]:
+            assert source.count(case["old"]) == 1, f"{path.name}: {case['name']}: `old` not unique"
+        starts = [source.index(case["old"]) for case in module.MUTANTS]
+        for first, last in todo_blocks(source):
+            hit = any(first <= at < last for at in starts) or any(
+                at < first < at + len(case["old"])
+                for at, case in zip(starts, module.MUTANTS, strict=True)
+            )
+            line = source[:first].count("\n") + 1
+            assert hit, f"{module.FILE}:{line}: this TODO block has no mutant in {path.name}"
+    solved = {p.parent.name for p in (REPO_ROOT / "solutions").glob("*/*.py")}
+    assert solved <= lessons_seen, f"lessons without mutants: {sorted(solved - lessons_seen)}"
 
 
 @pytest.mark.mutation

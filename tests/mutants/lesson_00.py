@@ -21,10 +21,10 @@ MUTANTS = [
         caught_by="pick_backend",
     ),
     dict(
-        name="nccl_available_means_distributed",
-        why="library_report says NCCL is there when torch.distributed is",
-        old="nccl_available = dist.is_available() and dist.is_nccl_available()",
-        new="nccl_available = dist.is_available()",
+        name="cudnn_version_as_text",
+        why="library_report turns the cuDNN version into text (and None into 'None')",
+        old='"cudnn_version": torch.backends.cudnn.version() if cudnn_available else None,',
+        new='"cudnn_version": str(torch.backends.cudnn.version()),',
         caught_by="library_report",
     ),
     dict(

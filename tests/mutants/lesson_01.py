@@ -35,6 +35,13 @@ MUTANTS = [
         caught_by="checkpoint_is_complete or resume_is_bit_exact",
     ),
     dict(
+        name="optimizer_not_saved",
+        why="checkpoint_state keeps the weights only: the resumed run loses SGD's momentum",
+        old='        "optimizer": optimizer.state_dict(),\n',
+        new='        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1).state_dict(),\n',
+        caught_by="round_trip or resume_is_bit_exact or checkpoint_is_complete",
+    ),
+    dict(
         name="rng_not_restored",
         why="restore() forgets the random generators: the resumed epoch shuffles differently",
         old='    checkpoint.set_rng_state(state["rng"])\n',

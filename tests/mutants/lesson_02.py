@@ -12,8 +12,8 @@ MUTANTS = [
     dict(
         name="data_parallel_on_one_gpu",
         why="DataParallel over a single GPU: only the cost of scatter and gather",
-        old="    if len(device_ids) >= 2:\n",
-        new="    if len(device_ids) >= 1:\n",
+        old="    if len(device_ids) >= 2:\n        return nn.DataParallel(",
+        new="    if len(device_ids) >= 1:\n        return nn.DataParallel(",
         caught_by="wraps_only",
     ),
     dict(

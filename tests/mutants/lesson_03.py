@@ -10,10 +10,17 @@ FILE = "03_ddp_spawn/train.py"
 
 MUTANTS = [
     dict(
+        name="rank_not_passed",
+        why="init_process_group without rank=: the env:// default finds no RANK variable",
+        old="        rank=rank,\n        world_size=world_size,\n",
+        new="        world_size=world_size,\n",
+        caught_by="learn",
+    ),
+    dict(
         name="every_rank_saves",
         why="all ranks write the checkpoint: N writers race on one file",
-        old="if rank == 0 and args.checkpoint and complete:",
-        new="if args.checkpoint and complete:",
+        old="        if rank == 0 and args.checkpoint and complete:",
+        new="        if args.checkpoint and complete:",
         caught_by="only_rank_0_writes",
     ),
     dict(
@@ -29,6 +36,23 @@ MUTANTS = [
         old="train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed",
         new="train_set, num_replicas=world_size, rank=0, shuffle=True, seed=args.seed",
         caught_by="disjoint_shards or global_batch",
+    ),
+    dict(
+        name="data_parallel_instead_of_ddp",
+        why="DataParallel (lesson 02) instead of DDP: each rank trains its own replica",
+        old="    ddp = DDP(\n        model,\n",
+        new=(
+            "    ddp = nn.DataParallel(model)\n"
+            "    _options_left_over = dict(\n        model=model,\n"
+        ),
+        caught_by="replicas or equal_one_process",
+    ),
+    dict(
+        name="fixed_master_port",
+        why="a hard-coded MASTER_PORT: two jobs on one machine collide",
+        old='os.environ["MASTER_PORT"] = str(free_port())',
+        new='os.environ["MASTER_PORT"] = "29533"',
+        caught_by="equal_one_process or learn or disjoint",
     ),
     dict(
         name="gradients_never_cleared",

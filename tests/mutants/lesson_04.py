@@ -7,6 +7,37 @@ FILE = "04_torchrun/train.py"
 
 MUTANTS = [
     dict(
+        name="rank_from_local_rank",
+        why="the global rank read from LOCAL_RANK: right on one machine, 0 twice on two",
+        old='rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])',
+        new='rank, world_size = local_rank, int(os.environ["WORLD_SIZE"])',
+        caught_by="bit_exact or only_rank_0",
+    ),
+    dict(
+        name="data_parallel_instead_of_ddp",
+        why="DataParallel (lesson 02) instead of DDP: each rank trains its own replica",
+        old="    ddp = DDP(\n        model,\n",
+        new=(
+            "    ddp = nn.DataParallel(model)\n"
+            "    _options_left_over = dict(\n        model=model,\n"
+        ),
+        caught_by="two_nodes",
+    ),
+    dict(
+        name="optimizer_not_restored",
+        why="load_snapshot forgets the optimizer: SGD resumes without its momentum",
+        old='    optimizer.load_state_dict(state["optimizer"])\n',
+        new="",
+        caught_by="killed_rank",
+    ),
+    dict(
+        name="world_size_not_checked",
+        why="a 2-rank snapshot resumed by 1 rank: shards and batch positions no longer line up",
+        old='    if state["world_size"] != dist.get_world_size():\n',
+        new="    if False:\n",
+        caught_by="another_number_of_ranks",
+    ),
+    dict(
         name="done_before_forgotten",
         why="the resumed epoch's earlier batches are not counted in later snapshots",
         old="done_before, skip = skip, 0",
@@ -16,8 +47,8 @@ MUTANTS = [
     dict(
         name="skip_in_batches",
         why="sampler.skip given batches instead of indices: the restart repeats batches",
-        old="sampler.skip = skip * args.batch_size",
-        new="sampler.skip = skip",
+        old="        sampler.skip = skip * args.batch_size\n",
+        new="        sampler.skip = skip\n",
         caught_by="killed_rank_is_restarted",
     ),
     dict(
