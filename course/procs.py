@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -280,6 +281,7 @@ def run(
     cwd: str | Path | None = None,
     log_dir: str | Path | None = None,
     one_thread: bool = True,
+    stop: threading.Event | None = None,
 ) -> RunResult:
     """Run `args` to completion or until `timeout` seconds pass (scaled by
     COURSE_TIMEOUT_SCALE), then make sure nothing it started is still alive."""
@@ -305,17 +307,36 @@ def run(
         )
         pgid = proc.pid
         limit(proc.pid)
-        timed_out = False
+        timed_out = stopped = False
+        deadline = start + timeout
         try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            while True:  # `stop`: another launch of the same job failed, end this one too
+                left = deadline - time.monotonic()
+                try:
+                    proc.wait(timeout=max(0.0, min(left, 0.2 if stop is not None else left)))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= deadline:
+                        timed_out = True
+                        break
+                    if stop is not None and stop.is_set():
+                        stopped = True
+                        break
         finally:
+            if proc.poll() is None:  # stopped or timed out: end the launcher first, so
+                proc.terminate()  # that its exit status is collected here, not reaped
+                try:  # with the group's leftovers by kill_group
+                    proc.wait(timeout=3)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
             # Also on success: a rank or worker that outlived its launcher is an orphan.
             kill_group(pgid)
             proc.wait()
         out.seek(0)
         output = out.read().decode(errors="replace")
+        if stopped:
+            output += "\ncourse: stopped, because another launch of the same job failed\n"
     logs = {}
     if log_dir is not None:
         for path in sorted(Path(log_dir).glob("*.log")):
@@ -371,11 +392,23 @@ def python(*args: str | Path, **kwargs) -> RunResult:
     return run([sys.executable, *map(str, args)], **kwargs)
 
 
-def run_all(jobs: dict[str, dict]) -> dict[str, RunResult]:
+def run_all(jobs: dict[str, dict], fail_fast: bool = False) -> dict[str, RunResult]:
     """Several `run(**kwargs)` at once (independent launches overlap their start-up
-    costs, which dominate on a small machine); {name: kwargs} -> {name: RunResult}."""
+    costs, which dominate on a small machine); {name: kwargs} -> {name: RunResult}.
+
+    fail_fast: the launches are parts of one job (two torchrun agents, say): as
+    soon as one fails, the others are stopped instead of waiting for peers that
+    will never come until their timeout."""
     from concurrent.futures import ThreadPoolExecutor
 
+    stop = threading.Event() if fail_fast else None
+
+    def one(kwargs):
+        result = run(**kwargs, stop=stop)
+        if stop is not None and not result.ok:
+            stop.set()
+        return result
+
     with ThreadPoolExecutor(max_workers=max(len(jobs), 1)) as pool:
-        futures = {name: pool.submit(run, **kwargs) for name, kwargs in jobs.items()}
+        futures = {name: pool.submit(one, kwargs) for name, kwargs in jobs.items()}
         return {name: future.result() for name, future in futures.items()}

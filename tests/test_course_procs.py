@@ -175,3 +175,17 @@ def test_children_run_as_the_configured_user_when_grading_as_root(monkeypatch):
         assert "PermissionError" in result.output and results.read_text() == "{}"
     finally:
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_run_all_fail_fast_stops_the_rest_of_the_job():
+    """Two launches of one job: when one fails, the other is stopped at once, not
+    left waiting for its peer until the deadline."""
+    jobs = {
+        "fails": dict(args=[sys.executable, "-c", "raise SystemExit(3)"], timeout=60),
+        "waits": dict(args=[sys.executable, "-c", "import time; time.sleep(60)"], timeout=60),
+    }
+    results = procs.run_all(jobs, fail_fast=True)
+    assert results["fails"].returncode == 3
+    waits = results["waits"]
+    assert waits.seconds < 20 and not waits.timed_out and not waits.ok, waits.describe()
+    assert "stopped, because another launch of the same job failed" in waits.output
