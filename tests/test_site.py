@@ -333,3 +333,23 @@ def test_bench_directives_refuse_what_is_not_a_record(tmp_path):
         hook.render_bench_table("r/none.json", root=tmp_path)
     with pytest.raises(hook.PluginError, match="no \\*.json records"):
         hook.render_bench_plot("empty", root=tmp_path)
+
+
+def test_recorded_outputs_facts_todos_and_hints_expand_at_build_time():
+    """output/hints directives and [[fact]]/[[todo]] references come from the records and
+    the starters; in code spans and fenced blocks they are left as written."""
+    record = json.loads((hook.ROOT / "docs/results/outputs/01_cpu.json").read_text())
+    page = (
+        "Reached [[fact:01_cpu:final_accuracy]] at [[todo:01:1]]; syntax: `[[fact:A:B]]`\n"
+        '\n=== "CPU"\n\n    <!-- output: 01_cpu -->\n\n<!-- hints: 01 -->\n'
+        "```markdown\n<!-- output: 01_cpu -->\n```\n"
+    )
+    out = hook.expand(page, "lessons/x.md")
+    assert f"Reached {record['facts']['final_accuracy']} at TODO at 01_single_device/" in out
+    assert "`[[fact:A:B]]`" in out
+    assert "    " + record["output"].splitlines()[0] in out  # indented inside the tab
+    assert '??? tip "Hint 1"' in out and "python -m course hint 01" in out
+    assert out.rstrip().endswith("```markdown\n<!-- output: 01_cpu -->\n```")
+    for bad in ("[[fact:01_cpu:nope]]", "[[fact:missing:x]]", "[[todo:01:99]]"):
+        with pytest.raises(hook.PluginError):
+            hook.expand(bad + "\n", "page.md")

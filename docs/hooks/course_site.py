@@ -376,7 +376,8 @@ def run_commands(lesson) -> list[str]:
     return [f"python -m course run {lesson.number}", direct]
 
 
-INLINE = re.compile(r"\[\[(?P<kind>fact|todo):(?P<a>[\w.-]+):(?P<b>[\w.-]+)\]\]")
+# Not inside `code`: a page may show the syntax itself.
+INLINE = re.compile(r"(?<!`)\[\[(?P<kind>fact|todo):(?P<a>[\w.-]+):(?P<b>[\w.-]+)\]\](?!`)")
 
 
 def _record(name: str) -> dict:
