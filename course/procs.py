@@ -217,8 +217,14 @@ def child_user(*folders: str | Path | None) -> dict:
 
     entry = pwd.getpwnam(name)  # KeyError: a user that does not exist is a setup error
     for folder in folders:
-        if folder is not None and Path(folder).exists():
-            os.chown(folder, entry.pw_uid, entry.pw_gid)
+        if folder is None or not Path(folder).exists():
+            continue
+        folder = Path(folder).resolve()
+        os.chown(folder, entry.pw_uid, entry.pw_gid)
+        for parent in folder.parents:  # e.g. pytest's /tmp/pytest-of-root is 0700:
+            mode = parent.stat().st_mode  # let the child pass through (not list) it
+            if not mode & 0o001:
+                os.chmod(parent, (mode & 0o7777) | 0o001)
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
