@@ -90,8 +90,14 @@ def two_nodes(impl, backend, folder):
     command = [*launcher, *standalone[script_at:]]
     env = {WRITE_LOG_ENV: str(folder / "writes.log"), REPLICA_ENV: str(folder / "replicas")}
     (folder / "replicas").mkdir()
-    job = dict(args=command, timeout=150, cwd=folder, log_dir=folder / "ranks", env=env)
-    agents = procs.run_all({"node0": job, "node1": job}, fail_fast=True)
+    jobs = {}
+    for node in (0, 1):
+        # Each "node" sees one GPU of its own, as two machines would: LOCAL_RANK is 0 on both.
+        gpu = {"CUDA_VISIBLE_DEVICES": str(node)} if backend == "nccl" else {}
+        jobs[f"node{node}"] = dict(
+            args=command, timeout=150, cwd=folder, log_dir=folder / "ranks", env={**env, **gpu}
+        )
+    agents = procs.run_all(jobs, fail_fast=True)
     a, b = agents["node0"], agents["node1"]
     failed = [r.returncode for r in (a, b) if r.returncode]
     return dataclasses.replace(
