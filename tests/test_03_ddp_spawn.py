@@ -89,7 +89,14 @@ def finished(runs, name="ddp"):
 
 
 def final_state(folder):
-    return checkpoint.load(folder / "out" / "ckpt.pt")
+    path = folder / "out" / "ckpt.pt"
+    if not path.is_file():
+        pytest.fail(
+            "the run finished without writing --checkpoint out/ckpt.pt. Likely cause: the "
+            "save after each epoch is missing, or it is not done on rank 0",
+            pytrace=False,
+        )
+    return checkpoint.load(path)
 
 
 @pytest.mark.core
@@ -105,8 +112,9 @@ def test_two_ranks_equal_one_process_with_the_global_batch(runs, backend):
     print(f"largest parameter difference, 2 ranks vs 1 process: {worst:.2e}")
     assert worst <= ATOL[backend], (
         f"after {STEPS} steps the 2-rank model differs from the 1-process model by {worst:.2e} "
-        f"(allowed {ATOL[backend]:g}): are the gradients averaged by DDP, and does each rank "
-        f"train on its own DistributedSampler shard?"
+        f"(allowed {ATOL[backend]:g}). Likely causes: the gradients are not averaged (no "
+        "DDP), a rank trains on the wrong shard (DistributedSampler without rank=), or the "
+        "shards are not reshuffled each epoch (sampler.set_epoch)"
     )
 
 
@@ -207,7 +215,10 @@ def test_checkpoint_loads_into_the_plain_lesson_01_model(runs, backend):
     assert not prefixed, f"save model.module.state_dict(), not the DDP wrapper's: {prefixed[:2]}"
     model = models.build_model("cnn", num_classes=10, in_channels=1, norm="none")
     model.load_state_dict(state["model"], strict=True)
-    assert state["epoch"] == EPOCHS
+    assert state["epoch"] == EPOCHS, (
+        f"after {EPOCHS} epochs the checkpoint says epoch {state['epoch']}. Likely cause: it "
+        "saves the epoch in progress (epoch) instead of the number completed (epoch + 1)"
+    )
 
 
 @pytest.mark.points(1)

@@ -157,9 +157,19 @@ def finished(runs, name):
 
 
 def assert_same_weights(folder, ref_folder):
+    for path in (folder / "final.pt", ref_folder / "final.pt"):
+        if not path.is_file():
+            pytest.fail(
+                f"{path.parent.name}: the run wrote no --checkpoint final.pt", pytrace=False
+            )
     got = checkpoint.load(folder / "final.pt")
     want = checkpoint.load(ref_folder / "final.pt")
-    assert got["step"] == want["step"] == STEPS
+    assert want["step"] == STEPS, f"the uninterrupted run took {want['step']} steps, not {STEPS}"
+    assert got["step"] == STEPS, (
+        f"the restarted run took {got['step']} steps instead of {STEPS}: it repeated or skipped "
+        "batches after the restart. Likely cause: the sampler skips the wrong amount "
+        "(sampler.skip counts indices: batches x batch size) or the snapshot's batch count is off"
+    )
     different = [k for k in want["model"] if not torch.equal(got["model"][k], want["model"][k])]
     # CPU and GPU alike (the lesson asks cuDNN for deterministic algorithms):
     # the same operations in the same order give the same bits.
