@@ -43,8 +43,9 @@ VOLATILE = [
 # varies from run to run: the traceback a surviving rank prints when its peer
 # is killed (if it gets that far before torchrun stops it), and torchrun's own
 # log lines ("W1130 02:21:27.759000 7418 .../api.py:1028] ...": which rank it
-# reports first depends on timing).
-DROPPED = re.compile(r"^(\[rank\d+\]:|[WEI]\d{4} \d\d:)")
+# reports first depends on timing), and the course's own notes (a launch
+# repeated after torchrun's error-file race, course/procs.py).
+DROPPED = re.compile(r"^(\[rank\d+\]:|[WEI]\d{4} \d\d:|course: )")
 
 
 def cleaned(output: str) -> str:
