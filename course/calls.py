@@ -72,6 +72,16 @@ def exits(function: Callable, *args) -> Exit | object:
         return Exit(stop.code, err.getvalue())
 
 
+def raised(function: Callable, *args, kind: type[BaseException] = ValueError) -> dict:
+    """Call `function(*args)` expecting it to refuse: {"raised": "ValueError", "message": ...},
+    or {"raised": None} when it returned (other exceptions propagate: the case failed)."""
+    try:
+        function(*args)
+    except kind as err:
+        return {"raised": kind.__name__, "message": str(err)}
+    return {"raised": None}
+
+
 def _error(err: BaseException, lesson_file: Path) -> dict:
     """One line about an exception, with the submission's line that raised it."""
     frames = traceback.extract_tb(err.__traceback__)
@@ -137,6 +147,7 @@ class Outcome:
     run: object  # procs.RunResult
     data: dict | None
     tensor_file: Path
+    _tensors: dict | None = field(default=None, repr=False)
 
     def value(self, name: str):
         if self.data is None:
@@ -160,8 +171,9 @@ class Outcome:
         import torch
 
         keys = self.value(name)["tensors"]
-        saved = torch.load(self.tensor_file, weights_only=True, map_location="cpu")
-        return {key: saved[f"{name}/{key}"] for key in keys}
+        if self._tensors is None:  # one file for all cases: read it once
+            self._tensors = torch.load(self.tensor_file, weights_only=True, map_location="cpu")
+        return {key: self._tensors[f"{name}/{key}"] for key in keys}
 
 
 def run_cases(script: Path, lesson_file: Path, folder: Path, timeout: float = 90) -> Outcome:

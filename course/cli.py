@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 from course import REPO_ROOT, lessons, procs, release
 
@@ -66,8 +67,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def lesson_command(
-    lesson, impl_dir, nproc=None, backend=None, extra=(), max_restarts=None
+    lesson, impl_dir, nproc=None, backend=None, extra=(), max_restarts=None, rendezvous=None
 ) -> list[str]:
+    """The command that launches `lesson` from `impl_dir`. For torchrun lessons,
+    `rendezvous` replaces --standalone with torchrun's multi-node options
+    (--nnodes, --rdzv_backend, --rdzv_endpoint, --rdzv_id)."""
     script = lesson.path(impl_dir)
     if not script.is_file():
         raise FileNotFoundError(f"{script}: not found")
@@ -79,7 +83,8 @@ def lesson_command(
         raise ValueError("--max-restarts takes a number >= 0, for torchrun lessons only")
     options = [*(["--backend", backend] if backend else [])]
     if lesson.launcher == "torchrun":
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        launcher = [sys.executable, "-m", "torch.distributed.run"]
+        launcher += list(rendezvous) if rendezvous else ["--standalone"]
         if max_restarts is not None:
             launcher.append(f"--max-restarts={max_restarts}")
         return [*launcher, f"--nproc_per_node={nproc or 1}", str(script), *options, *extra]
@@ -97,20 +102,26 @@ def _run(args) -> int:
     return subprocess.call(command, env=procs.child_env(one_thread=False))
 
 
-def _grade(args) -> int:
-    impl = lessons.resolve_impl(args.impl)
-    chosen = [lessons.get(n) for n in args.lessons] or list(lessons.LESSONS)
+def grade_command(numbers, impl, grade_json=None, workers=0, root=REPO_ROOT) -> list[str]:
+    """The pytest command that grades lessons `numbers` (all when empty) of `impl`,
+    with the tests of the course at `root`."""
+    chosen = [lessons.get(n) for n in numbers] or list(lessons.LESSONS)
     files = []
     for lesson in chosen:
-        found = sorted((REPO_ROOT / "tests").glob(f"test_{lesson.number}_*.py"))
+        found = sorted((Path(root) / "tests").glob(f"test_{lesson.number}_*.py"))
         if not found:
             raise FileNotFoundError(f"lesson {lesson.number} has no tests in tests/")
         files += [str(f) for f in found]
     command = [sys.executable, "-m", "pytest", *files, f"--impl={impl}", "-p", "no:cacheprovider"]
     command += ["-q", "--no-header", "-rN"]
-    if args.grade_json:
-        command.append(f"--grade-json={args.grade_json}")
-    command += ["-n", str(args.workers)] if args.workers else ["-p", "no:xdist"]
+    if grade_json:
+        command.append(f"--grade-json={grade_json}")
+    return command + (["-n", str(workers)] if workers else ["-p", "no:xdist"])
+
+
+def _grade(args) -> int:
+    impl = lessons.resolve_impl(args.impl)
+    command = grade_command(args.lessons, impl, args.grade_json, args.workers)
     return subprocess.call(command, cwd=REPO_ROOT, env=procs.child_env())
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -82,12 +81,9 @@ def torchrun(impl, backend, folder, restarts, env=None, every=EVERY, nproc=2):
 def two_nodes(impl, backend, folder):
     """The lesson as a 2-node job on this machine: two torchrun agents, one process each,
     meeting at a c10d rendezvous on loopback, as `torchrun --nnodes 2` on two hosts would."""
-    standalone = lesson_command(LESSON, impl, 1, backend, ARGS)
-    script_at = standalone.index(str(LESSON.path(impl)))
-    endpoint = f"127.0.0.1:{free_port()}"
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1"]
-    launcher += ["--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", "--rdzv_id=ref"]
-    command = [*launcher, *standalone[script_at:]]
+    rendezvous = ["--nnodes=2", "--rdzv_backend=c10d", "--rdzv_id=ref"]
+    rendezvous.append(f"--rdzv_endpoint=127.0.0.1:{free_port()}")
+    command = lesson_command(LESSON, impl, 1, backend, ARGS, rendezvous=rendezvous)
     env = {WRITE_LOG_ENV: str(folder / "writes.log"), REPLICA_ENV: str(folder / "replicas")}
     (folder / "replicas").mkdir()
     jobs = {}

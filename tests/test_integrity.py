@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from course import REPO_ROOT, lessons, procs
+from course.cli import grade_command
 
 GRADED = ("00", "03")
 EVERY_LESSON = tuple(lesson.number for lesson in lessons.LESSONS)
@@ -171,10 +171,7 @@ def grade(tmp_path: Path, impl: Path, root: Path = REPO_ROOT, numbers=GRADED, wo
     """Grade lessons `numbers` on `impl` from the course at `root`; the totals of the
     table and of the file (read again a second later: nothing may rewrite it)."""
     results = tmp_path / "results.json"
-    tests = [p for n in numbers for p in sorted((root / "tests").glob(f"test_{n}_*.py"))]
-    args = [sys.executable, "-m", "pytest", *map(str, tests), f"--impl={impl}"]
-    args += [f"--grade-json={results}", "-p", "no:cacheprovider", "-q"]
-    args += ["-n", str(workers)] if workers else ["-p", "no:xdist"]
+    args = grade_command(numbers, impl, results, workers, root=root)
     run = procs.run(args, timeout=600, cwd=root)
     assert not run.timed_out, run.describe()
     table = re.search(r"^total\s+([\d.]+)/([\d.]+)", run.output, re.M)

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from course import REPO_ROOT, procs, release
+from course.cli import grade_command
 
 MUTANT_DIR = Path(__file__).with_name("mutants")
 
@@ -54,10 +54,7 @@ def apply(tmp_path: Path, file: str, case: dict) -> Path:
 
 
 def grade(number: str, impl: Path, *options: str):
-    tests = sorted((REPO_ROOT / "tests").glob(f"test_{number}_*.py"))
-    args = [sys.executable, "-m", "pytest", *map(str, tests), f"--impl={impl}"]
-    args += ["-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-rN", *options]
-    return procs.run(args, timeout=300, cwd=REPO_ROOT)
+    return procs.run([*grade_command([number], impl), *options], timeout=300, cwd=REPO_ROOT)
 
 
 def todo_blocks(source: str) -> list[tuple[int, int]]:

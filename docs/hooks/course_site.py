@@ -381,10 +381,23 @@ INLINE = re.compile(r"(?<!`)\[\[(?P<kind>fact|todo):(?P<a>[\w.-]+):(?P<b>[\w.-]+
 
 
 def _record(name: str) -> dict:
-    path = ROOT / "docs" / "results" / "outputs" / f"{name}.json"
-    if not path.is_file():
-        raise PluginError(f"no record {name!r} (python -m course record {name})")
-    return json.loads(path.read_text())
+    """A `python -m course record` record, read by course.record itself."""
+    load_lessons()  # puts the repository on sys.path
+    try:
+        return importlib.import_module("course.record").load(name)
+    except FileNotFoundError as exc:
+        raise PluginError(str(exc)) from exc
+
+
+def _todos(where: str, number: str) -> list[dict]:
+    """Lesson NN's TODOs and hints, as `python -m course hint` reads them (course.hints)."""
+    lessons = {lesson.number: lesson for lesson in load_lessons()}
+    if number not in lessons:
+        raise PluginError(f"{where}: lesson {number!r} is not in course.lessons.LESSONS")
+    todos = importlib.import_module("course.hints").todos(lessons[number])
+    if not todos:
+        raise PluginError(f"{where}: lesson {number} has no hints.json (run course release)")
+    return todos
 
 
 def render_output(name: str) -> str:
@@ -406,23 +419,14 @@ def render_inline(m: re.Match) -> str:
         if b not in facts:
             raise PluginError(f"record {a!r} has no fact {b!r} (it has {sorted(facts)})")
         return facts[b]
-    lessons = {lesson.number: lesson for lesson in load_lessons()}
-    if a not in lessons:
-        raise PluginError(f"[[todo:{a}:{b}]]: no lesson {a!r}")
-    todos = json.loads((ROOT / "lessons" / lessons[a].slug / "hints.json").read_text())["todos"]
+    todos = _todos(f"[[todo:{a}:{b}]]", a)
     if not b.isdigit() or not 1 <= int(b) <= len(todos):
         raise PluginError(f"[[todo:{a}:{b}]]: lesson {a} has {len(todos)} TODOs")
     return todos[int(b) - 1]["id"]
 
 
 def render_hints(number: str) -> str:
-    lessons = {lesson.number: lesson for lesson in load_lessons()}
-    if number not in lessons:
-        raise PluginError(f"hints: lesson {number!r} is not in course.lessons.LESSONS")
-    path = ROOT / "lessons" / lessons[number].slug / "hints.json"
-    if not path.is_file():
-        raise PluginError(f"hints {number}: missing {path.relative_to(ROOT)} (run course release)")
-    todos = json.loads(path.read_text())["todos"]
+    todos = _todos("hints", number)
     out = [
         f"Stuck? `python -m course hint {number}` prints hint 1 for your first unsolved "
         f"TODO, `python -m course hint {number} 2` the next one. The same hints, folded:",

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from course import checkpoint, models
-from course.calls import Cases, Tensors, exits
+from course.calls import Cases, Exit, Tensors, exits, raised
 
 cases = Cases()
 FUNCTIONS = ("parse_args", "train_one_epoch", "evaluate", "checkpoint_state", "restore", "main")
@@ -122,7 +122,7 @@ for name, argv in BAD_FLAGS.items():
 
     def bad_flags(lesson, argv=argv):
         got = exits(lesson.parse_args, argv)
-        return {"exit": got.code, "stderr": got.stderr} if hasattr(got, "stderr") else None
+        return got if isinstance(got, Exit) else None  # None: the flags were accepted
 
     bad_flags.__name__ = f"bad_flags_{name}"
     cases.case(bad_flags)
@@ -131,11 +131,7 @@ for name, argv in BAD_FLAGS.items():
 @cases.case
 def cuda_without_cuda(lesson):
     with mock.patch.object(torch.cuda, "is_available", lambda: False):
-        try:
-            lesson.main(["--device", "cuda", "--quiet"])
-        except ValueError as err:
-            return {"raised": "ValueError", "message": str(err)}
-    return {"raised": None}
+        return raised(lesson.main, ["--device", "cuda", "--quiet"])
 
 
 if __name__ == "__main__":

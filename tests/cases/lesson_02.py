@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from course import models
-from course.calls import Cases, Tensors
+from course.calls import Cases, Tensors, raised
 
 cases = Cases()
 FUNCTIONS = ("wrap_model", "unwrap", "checkpoint_state", "restore", "main")
@@ -57,11 +57,7 @@ def checkpoint_of_wrapped(lesson):
 
 @cases.case
 def gpus_flag_on_cpu(lesson):
-    try:
-        lesson.main(["--device", "cpu", "--gpus", "2"])
-    except ValueError as err:
-        return {"raised": "ValueError", "message": str(err)}
-    return {"raised": None}
+    return raised(lesson.main, ["--device", "cpu", "--gpus", "2"])
 
 
 @cases.case

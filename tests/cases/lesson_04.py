@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from course.calls import Cases
+from course.calls import Cases, raised
 
 cases = Cases()
 
@@ -16,11 +16,7 @@ cases = Cases()
 def main_without_torchrun(lesson):
     """Started without torchrun (no LOCAL_RANK), the script must say how to start it."""
     os.environ.pop("LOCAL_RANK", None)
-    try:
-        lesson.main([])
-    except ValueError as err:
-        return {"raised": "ValueError", "message": str(err)}
-    return {"raised": None}
+    return raised(lesson.main, [])
 
 
 if __name__ == "__main__":
