@@ -388,7 +388,7 @@ def load(path: str | Path) -> dict:
 
 
 def parser(prog: str = "python -m course bench") -> argparse.ArgumentParser:
-    from course.train_utils import ArgumentParser, positive_int
+    from course.options import ArgumentParser, positive_int
 
     p = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--impl", default="solutions", help="solutions (default), lessons or a folder")

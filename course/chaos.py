@@ -27,9 +27,9 @@ only SIGKILL behaves that way. A fault fires on the first attempt only
 (torchrun's TORCHELASTIC_RESTART_COUNT is "0" or unset), except the step
 kills listed for later attempts, so a restarted group runs to the end.
 Steps are counted per process: a restarted rank counts from 1 again.
-Before dying, the process prints one line with the wall-clock time, which
-the lesson's "first step after the restart" line turns into a restart
-overhead.
+Before dying, the process prints one line with the wall-clock time; after a
+restart, every process prints the time of its first optimizer step: the
+difference is the restart overhead.
 """
 
 from __future__ import annotations
@@ -115,10 +115,29 @@ def kill_in_save(name: str, nth: int) -> None:
     torch.save = save_or_die
 
 
+def note_first_step() -> None:
+    """Print the wall-clock time of this process's first optimizer step: after a
+    restart, minus the kill's time, it is the restart overhead."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    done = False
+
+    def after_step(_optimizer, _args, _kwargs) -> None:
+        nonlocal done  # (removing the hook inside it would mutate the dict being iterated)
+        if not done:
+            done = True
+            sys.stdout.write(f"chaos: first step after the restart done at t={time.time():.3f}\n")
+            sys.stdout.flush()
+
+    register_optimizer_step_post_hook(after_step)
+
+
 def install() -> None:
     """Arm the faults the environment asks for, for this attempt."""
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     steps = [s for s in os.environ.get(KILL_AT_STEP, "").split(",") if s.strip()]
+    if attempt > 0 and (steps or os.environ.get(KILL_IN_SAVE)):
+        note_first_step()
     if attempt < len(steps):
         kill_after_step(int(os.environ.get(KILL_RANK, "0")), int(steps[attempt]))
     if not first_attempt():

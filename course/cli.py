@@ -60,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     # Parsed by course.bench itself (python -m course bench --help); listed here for --help.
     sub.add_parser("bench", help="time the lessons' own training side by side", add_help=False)
     sub.add_parser("record", help="record the reference outputs the site shows", add_help=False)
+    sizes = sub.add_parser("sizes", help="code lines of each solution and lines changed per lesson")
+    sizes.add_argument("--impl", default="solutions", help="solutions (default) or a folder")
 
     rel = sub.add_parser("release", help="regenerate the starters in lessons/ from solutions/")
     rel.add_argument("--check", action="store_true", help="only report stale starters")
@@ -166,6 +168,12 @@ def _release(args) -> int:
     return 0
 
 
+def _sizes(args) -> int:
+    from course import sizes
+
+    return sizes.main(["--impl", args.impl])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["record"]:
@@ -198,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         "hint": _hint,
         "doctor": _doctor,
         "release": _release,
+        "sizes": _sizes,
     }
     try:
         return handler[args.command](args)

@@ -25,10 +25,11 @@ batch that serial CPU work cost lesson 01 15 % of its speed on an H200).
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
 # The split seed is a constant, not --seed: --seed varies the training run,
 # never which images are held out for testing.
@@ -233,7 +234,6 @@ def loader(
     dataset: Dataset,
     batch_size: int,
     device: torch.device,
-    *,
     num_workers: int | None = None,
     **options,
 ) -> DataLoader:
@@ -269,6 +269,28 @@ def loader(
 
 
 # --8<-- [end:loader]
+
+
+# --8<-- [start:resumable]
+class ResumableSampler(DistributedSampler):
+    """A DistributedSampler that can start an epoch part-way (lesson 04): it skips
+    the first `skip` indices of this rank's shard, the batches already trained on.
+
+    The shard of an epoch depends only on (seed, epoch, rank), so a restarted
+    process rebuilds exactly the order the crashed one had, and skipping
+    `batches done x batch size` indices lands on the next batch to train.
+    """
+
+    skip = 0
+
+    def __iter__(self):
+        return itertools.islice(super().__iter__(), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(self.num_samples - self.skip, 0)
+
+
+# --8<-- [end:resumable]
 
 
 # --- a small image tree for tests and exercises -----------------------------

@@ -27,6 +27,8 @@ class Lesson:
     script: str
     launcher: str
     summary: str
+    # The lesson whose script this one extends: its page shows the diff against it.
+    builds_on: str | None = None
 
     @property
     def distributed(self) -> bool:
@@ -63,6 +65,7 @@ LESSONS: tuple[Lesson, ...] = (
         script="train_dp.py",
         launcher="python",
         summary="One process drives every GPU: scatter, replicate, gather; why it stops scaling.",
+        builds_on="01",
     ),
     Lesson(
         number="03",
@@ -72,6 +75,7 @@ LESSONS: tuple[Lesson, ...] = (
         script="train.py",
         launcher="spawn",
         summary="One process per device: DistributedSampler, gradient all-reduce, rank 0 saves.",
+        builds_on="01",
     ),
     Lesson(
         number="04",
@@ -81,6 +85,7 @@ LESSONS: tuple[Lesson, ...] = (
         script="train.py",
         launcher="torchrun",
         summary="torchrun starts the ranks; snapshots let a killed job restart where it stopped.",
+        builds_on="03",
     ),
 )
 

@@ -9,6 +9,9 @@ and costs nothing otherwise:
     COURSE_WRITE_LOG    which rank wrote which file (course/write_log.py)
     COURSE_REPLICA_LOG  a fingerprint of each rank's weights after every step
                         (course/replicas.py)
+    COURSE_BATCH_LOG    the sample indices of every batch each rank loads
+                        (course/batches.py)
+    COURSE_RANK_LOG_DIR each rank's output in a file of its own (course/rank_logs.py)
     COURSE_KILL_*       faults injected on purpose (course/chaos.py)
 
 The lessons never call any of this: a student's own way of writing the same
@@ -23,6 +26,8 @@ ENVIRONMENT = (
     "COURSE_STEP_LOG",
     "COURSE_WRITE_LOG",
     "COURSE_REPLICA_LOG",
+    "COURSE_BATCH_LOG",
+    "COURSE_RANK_LOG_DIR",
     "COURSE_KILL_AT_STEP",
     "COURSE_KILL_IN_SAVE",
 )
@@ -39,6 +44,14 @@ def install() -> None:
         from course import write_log
 
         write_log.install(os.environ["COURSE_WRITE_LOG"])
+    if os.environ.get("COURSE_RANK_LOG_DIR"):
+        from course import rank_logs
+
+        rank_logs.install()
+    if os.environ.get("COURSE_BATCH_LOG"):
+        from course import batches
+
+        batches.install()
     if os.environ.get("COURSE_REPLICA_LOG"):
         from course import replicas
 

@@ -26,7 +26,7 @@ from course import REPO_ROOT
 SITE_DIR = Path(__file__).with_name("_site")
 
 # Each rank writes its output to <dir>/rank<N>.log when this is set (see
-# course.dist.redirect_output_for_rank), so a hang can be blamed on a rank.
+# course/rank_logs.py), so a hang can be blamed on a rank.
 RANK_LOG_ENV = "COURSE_RANK_LOG_DIR"
 
 # One thread per rank: several ranks on two cores otherwise fight over them.
@@ -42,7 +42,7 @@ SAFE_GPU_ENV = {
 
 
 # A hang is a rank waiting in a collective that another rank never reaches.
-# The process-group timeout (course.dist.process_group_timeout) is set to half
+# The process-group timeout (course.ranks.process_group_timeout) is set to half
 # the deadline of every launch here, so PyTorch's own error, which names the
 # operation, arrives before the deadline kills the group.
 PG_TIMEOUT_SHARE = 0.5

@@ -1,5 +1,5 @@
-"""Plumbing every training lesson shares: seeding, picking a device, one-line
-command-line errors and writing metrics files.
+"""Plumbing every training lesson shares: seeding, picking devices, one-line
+errors, the progress-bar switch and the memory layout.
 
 None of it is the lesson; it lives here once so the lesson files can show
 the training loop and the one change each lesson makes to it.
@@ -7,7 +7,6 @@ the training loop and the one change each lesson makes to it.
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 from pathlib import Path
@@ -50,32 +49,19 @@ def pick_device(spec: str = "auto") -> torch.device:
     raise ValueError(f"--device {spec}: unknown; use auto, cpu, cuda or cuda:N")
 
 
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse with a one-line error instead of the usage dump."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-    return value
+def gpu_ids(device: torch.device, gpus: int | None) -> list[int]:
+    """The GPUs DataParallel uses: `gpus` of them from `device` on (default: all); [] on a CPU."""
+    if device.type != "cuda":
+        if gpus is not None and gpus > 1:
+            raise ValueError(
+                f"--gpus {gpus}: DataParallel needs CUDA GPUs; this run is on {device}"
+            )
+        return []
+    first, visible = device.index or 0, torch.cuda.device_count()
+    count = visible - first if gpus is None else gpus
+    if first + count > visible:
+        raise ValueError(f"--gpus {gpus} from cuda:{first}: only {visible} GPU(s) are visible")
+    return list(range(first, first + count))
 
 
 def exit_with_one_line(main, argv=None, prog: str | None = None) -> int:
@@ -103,18 +89,6 @@ def write_json(data, path: str | Path) -> Path:
 def show_progress(quiet: bool) -> bool:
     """A progress bar only for a person watching: not with --quiet, not into a log file."""
     return not quiet and sys.stderr.isatty()
-
-
-def add_speed_options(parser: argparse.ArgumentParser) -> None:
-    """--amp and --channels-last, the two switches `python -m course bench` compares.
-
-    Both change speed, not what is computed in any way that matters for
-    training: bf16 autocast runs matrix products and convolutions on Tensor
-    Cores in bfloat16 (weights and the optimizer stay fp32), and channels-last
-    (NHWC) is the layout those convolution kernels read fastest.
-    """
-    parser.add_argument("--amp", choices=("off", "bf16"), default="off", help="bf16 autocast")
-    parser.add_argument("--channels-last", action="store_true", help="NHWC memory layout")
 
 
 def memory_format(args) -> torch.memory_format:

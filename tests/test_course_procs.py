@@ -1,4 +1,4 @@
-"""course.procs and course.dist: deadlines, process groups, ports, rank logs."""
+"""course.procs and course.ranks: deadlines, process groups, ports, rank logs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from course import dist, procs
+from course import procs, ranks
 
 
 def test_output_and_exit_code_are_captured():
@@ -64,7 +64,7 @@ def test_timeout_scale(monkeypatch):
 
 
 def test_free_port_can_be_bound():
-    port = dist.free_port()
+    port = ranks.free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
     assert 0 < port < 65536
@@ -72,15 +72,15 @@ def test_free_port_can_be_bound():
 
 def test_process_group_timeout(monkeypatch):
     monkeypatch.setenv("COURSE_PG_TIMEOUT", "7")
-    assert dist.process_group_timeout().total_seconds() == 7
+    assert ranks.process_group_timeout().total_seconds() == 7
 
 
 def test_each_rank_writes_its_own_log(tmp_path):
-    code = (
-        "import sys\nfrom course.dist import redirect_output_for_rank\n"
-        "redirect_output_for_rank(3)\nprint('to the log')\nprint('err', file=sys.stderr)\n"
-    )
-    result = procs.run([sys.executable, "-c", code], timeout=30, log_dir=tmp_path)
+    """A process that knows its rank ($RANK, as torchrun sets it) writes to its own log;
+    the lesson calls nothing (course/rank_logs.py is installed at start-up)."""
+    code = "import sys\nprint('to the log')\nprint('err', file=sys.stderr)\n"
+    env = {"RANK": "3"}
+    result = procs.run([sys.executable, "-c", code], timeout=30, log_dir=tmp_path, env=env)
     assert result.ok, result.describe()
     assert "to the log" not in result.output
     assert result.rank_logs["rank3"].split() == ["to", "the", "log", "err"]

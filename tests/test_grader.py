@@ -128,10 +128,9 @@ def test_a_killed_grading_leaves_a_zero_score_file(tmp_path):
 HANG = """
 import sys, time
 import torch, torch.distributed as dist, torch.multiprocessing as mp
-from course.dist import free_port, redirect_output_for_rank
+from course.ranks import free_port
 
 def worker(rank, port):
-    redirect_output_for_rank(rank)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     if rank == 1:
         print("rank 1 skips the all-reduce", flush=True)
@@ -161,10 +160,9 @@ def test_rank_that_never_joins_a_collective_is_killed_with_its_group(tmp_path):
 
 BARRIER_ON_RANK_0 = """
 import torch, torch.distributed as dist, torch.multiprocessing as mp
-from course.dist import free_port, process_group_timeout, redirect_output_for_rank
+from course.ranks import free_port, process_group_timeout
 
 def worker(rank, port):
-    redirect_output_for_rank(rank)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2, timeout=process_group_timeout())
     for step in range(3):

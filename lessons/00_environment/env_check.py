@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from course.dist import free_port, process_group_timeout, redirect_output_for_rank
+from course.ranks import free_port, process_group_timeout
 
 
 # --8<-- [start:device_count]
@@ -85,7 +85,6 @@ def device_for(local_rank: int) -> torch.device:
 def _smoke_worker(rank: int, world_size: int, port: int, backend: str) -> None:
     # A preview of lesson 03: every rank contributes rank+1, and an all-reduce
     # must hand every rank the same sum. If this works, the backend can talk.
-    redirect_output_for_rank(rank)
     device = device_for(rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init: NCCL binds to the current device

@@ -1,10 +1,10 @@
-"""course.dist: each rank's share of the CPU."""
+"""course.ranks: each rank's share of the CPU."""
 
 from __future__ import annotations
 
 import os
 
-from course.dist import cpu_share
+from course.ranks import cpu_share
 
 
 def test_cpu_share_splits_the_cores_between_the_ranks(monkeypatch):

@@ -1,4 +1,4 @@
-"""Small helpers that distributed lessons share: ports, timeouts, per-rank logs.
+"""Small helpers that distributed lessons share: ports, timeouts, CPU shares, means.
 
 They are plumbing, not the lesson: the lessons still call init_process_group,
 mp.spawn and torchrun themselves.
@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from datetime import timedelta
-
-from course.procs import RANK_LOG_ENV
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -58,6 +55,37 @@ def cpu_share(ranks_on_this_machine: int) -> int:
     return max(1, (cores or 1) // max(1, ranks_on_this_machine))
 
 
+def backend_and_world_size(backend: str | None, nproc: int | None, sync_bn: bool = False):
+    """(backend, ranks) for an mp.spawn lesson: nccl with one rank per GPU where CUDA
+    works, else gloo with 2 CPU processes; ValueError for what cannot run here."""
+    import torch
+    import torch.distributed as dist
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = backend or ("nccl" if gpus and dist.is_nccl_available() else "gloo")
+    world_size = nproc or (gpus if backend == "nccl" else 2)
+    if backend == "nccl" and world_size > gpus:
+        raise ValueError(f"--backend nccl with {world_size} ranks needs {world_size} GPUs: {gpus}")
+    if sync_bn and backend != "nccl":
+        raise ValueError("--sync-bn needs --backend nccl: SyncBatchNorm runs on CUDA tensors only")
+    return backend, world_size
+
+
+def mean_over_ranks(mean: float, count: int) -> tuple[float, int]:
+    """(the mean over every rank's examples, their total count), from each rank's own
+    mean and count: the ranks' sums and counts are all-reduced."""
+    import torch
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    if device == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    totals = torch.tensor([mean * count, count], dtype=torch.float64, device=device)
+    dist.all_reduce(totals)
+    total, seen = totals.tolist()
+    return (total / seen if seen else 0.0), int(seen)
+
+
 def process_group_timeout() -> timedelta:
     """How long a collective may wait for the other ranks before it raises.
 
@@ -67,18 +95,12 @@ def process_group_timeout() -> timedelta:
     return timedelta(seconds=float(os.environ.get("COURSE_PG_TIMEOUT", "120")))
 
 
-def redirect_output_for_rank(rank: int) -> None:
-    """When the grader asks for it, send this rank's stdout and stderr to its
-    own file, so that a hang or crash can be traced to the rank that caused it."""
-    log_dir = os.environ.get(RANK_LOG_ENV)
-    if not log_dir:
-        return
-    os.makedirs(log_dir, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(
-        os.path.join(log_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
-    )
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+def require_torchrun() -> None:
+    """A one-line error when a torchrun lesson is started without torchrun, and a
+    warning (rank 0) when restarts may fail to reconnect."""
+    if "LOCAL_RANK" not in os.environ:
+        raise ValueError("start me with torchrun: torchrun --standalone --nproc_per_node=2 ...")
+    if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1" and os.environ["RANK"] == "0":
+        # torchrun's shared store can hand a restarted group the old attempt's
+        # addresses (pytorch/pytorch#135712, #167288): restarts then fail to connect.
+        print("warning: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for reliable restarts")

@@ -1,0 +1,98 @@
+"""The training lessons' command line: the flags they share, checked once.
+
+Each lesson script calls `options.parser(__doc__)` and adds only the flags of
+its own idea (--gpus for DataParallel, --nproc and --backend for DDP,
+--snapshot for torchrun). Bad values give one line, not a usage dump:
+
+    train.py: error: argument --epochs: must be at least 1, got 0 (see --help)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from course import models
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with a one-line error instead of the usage dump."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+def add_speed_options(parser: argparse.ArgumentParser) -> None:
+    """--amp and --channels-last, the two switches `python -m course bench` compares.
+
+    Both change speed, not what is computed in any way that matters for
+    training: bf16 autocast runs matrix products and convolutions on Tensor
+    Cores in bfloat16 (weights and the optimizer stay fp32), and channels-last
+    (NHWC) is the layout those convolution kernels read fastest.
+    """
+    parser.add_argument("--amp", choices=("off", "bf16"), default="off", help="bf16 autocast")
+    parser.add_argument("--channels-last", action="store_true", help="NHWC memory layout")
+
+
+def parser(doc: str | None, prog: str = "train.py", per: str = "") -> ArgumentParser:
+    """A parser with the flags every training lesson has; `per` says what a batch is per."""
+    p = ArgumentParser(prog=prog, description=(doc or "").strip().splitlines()[0])
+    p.add_argument("--data", default="digits", help="digits, synthetic, cifar10 or a folder")
+    p.add_argument("--data-dir", default="data", help="where cifar10 is downloaded")
+    p.add_argument("--image-size", type=positive_int, help="resize folder/cifar images")
+    p.add_argument("--model", default="cnn", choices=models.NAMES)
+    p.add_argument("--norm", default="batch", choices=models.NORMS, help="cnn: batch or none")
+    p.add_argument("--epochs", type=positive_int, default=3)
+    p.add_argument("--batch-size", type=positive_int, default=64, help=per or None)
+    p.add_argument("--lr", type=positive_float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-steps", type=positive_int, help="stop after this many steps in all")
+    p.add_argument("--checkpoint", help="save here after every epoch (atomically)")
+    p.add_argument("--metrics-out", help="write per-epoch metrics here as JSON")
+    p.add_argument("--num-workers", type=non_negative_int, help="DataLoader worker processes")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_speed_options(p)
+    return p
+
+
+def parse(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """Parse, refuse the combinations that cannot work, and add what the flags imply:
+
+    args.progress       a progress bar only for a person watching: not with --quiet,
+                        not into a log file
+    args.memory_format  the layout --channels-last asks for, for model.to()
+    """
+    args = p.parse_args(argv)
+    if getattr(args, "resume", False) and not args.checkpoint:
+        p.error("--resume needs --checkpoint PATH")
+    args.progress = not args.quiet and sys.stderr.isatty()
+    args.memory_format = torch.channels_last if args.channels_last else torch.preserve_format
+    return args
+
+
+def steps_left(args, step: int) -> int | None:
+    """How many steps --max-steps still allows (None: no limit)."""
+    return None if args.max_steps is None else max(args.max_steps - step, 0)
