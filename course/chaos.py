@@ -50,8 +50,9 @@ def first_attempt() -> bool:
 
 # --8<-- [start:kill]
 def _die(what: str) -> None:
-    sys.stdout.write(f"chaos: {what}, SIGKILL at t={time.time():.3f}\n")
-    sys.stdout.flush()
+    # stderr: a lesson may silence stdout on ranks other than 0
+    sys.stderr.write(f"chaos: {what}, SIGKILL at t={time.time():.3f}\n")
+    sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -126,8 +127,8 @@ def note_first_step() -> None:
         nonlocal done  # (removing the hook inside it would mutate the dict being iterated)
         if not done:
             done = True
-            sys.stdout.write(f"chaos: first step after the restart done at t={time.time():.3f}\n")
-            sys.stdout.flush()
+            sys.stderr.write(f"chaos: first step after the restart done at t={time.time():.3f}\n")
+            sys.stderr.flush()
 
     register_optimizer_step_post_hook(after_step)
 

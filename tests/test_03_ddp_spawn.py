@@ -31,7 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from course import checkpoint, judge, lessons, models, procs, replicas, write_log
+from course import batches, checkpoint, judge, lessons, models, procs, replicas, write_log
+from course.batches import LOG_ENV as BATCH_ENV
 from course.grading import call_lesson
 from course.replicas import LOG_ENV as REPLICA_ENV
 from course.write_log import WRITE_LOG_ENV
@@ -69,10 +70,11 @@ def runs(impl, backend, tmp_path_factory):
             folder = folders[name] = tmp_path_factory.mktemp(f"{name}-{backend}")
             (folder / "out").mkdir()
             extra = ["--norm", "none", "--batch-size", batch, "--checkpoint", "out/ckpt.pt"]
-            extra += ["--metrics-out", "out/metrics.json", "--record-shards"]
+            extra += ["--metrics-out", "out/metrics.json"]
             jobs[name] = launch(impl, folder, *extra, nproc=nproc, backend=backend)
-            (folder / "replicas").mkdir()
-            jobs[name]["env"][REPLICA_ENV] = str(folder / "replicas")
+            for probe, sub in ((REPLICA_ENV, "replicas"), (BATCH_ENV, "batches")):
+                (folder / sub).mkdir()
+                jobs[name]["env"][probe] = str(folder / sub)
         folder = folders["learn"] = tmp_path_factory.mktemp(f"learn-{backend}")
         extra = ["--batch-size", 32, "--metrics-out", "metrics.json", "--checkpoint", "ckpt.pt"]
         jobs["learn"] = launch(impl, folder, *extra, nproc=2, backend=backend)
@@ -170,8 +172,14 @@ def test_ranks_train_on_disjoint_shards_that_change_every_epoch(runs, backend):
     """Each epoch the ranks get disjoint halves of the data, and set_epoch reshuffles them."""
     learned(runs)
     _, folder = finished(runs)
-    shards = json.loads((folder / "out" / "metrics.json").read_text())["shards"]
-    assert len(shards) == EPOCHS and all(len(epoch) == 2 for epoch in shards), shards
+    # Seen from inside the ranks (course/batches.py): the indices of every batch each
+    # rank's DataLoader loaded, one list per pass over the training set.
+    passes = [batches.passes(folder / "batches", rank, TRAIN_IMAGES) for rank in (0, 1)]
+    assert all(len(p) == EPOCHS for p in passes), (
+        f"expected each rank to go through the training set {EPOCHS} times (once an epoch), "
+        f"saw {[len(p) for p in passes]} passes"
+    )
+    shards = list(zip(*passes, strict=True))  # [epoch] -> (rank 0's indices, rank 1's)
     for number, (rank0, rank1) in enumerate(shards):
         assert len(rank0) == len(rank1) == TRAIN_IMAGES // 2, "each rank gets half the images"
         assert not set(rank0) & set(rank1), f"epoch {number}: the ranks share samples"

@@ -42,8 +42,8 @@ import torch
 from course import checkpoint, judge, lessons, procs, replicas, write_log
 from course.chaos import KILL_AT_STEP, KILL_IN_SAVE, KILL_RANK
 from course.cli import lesson_command
-from course.ranks import free_port
 from course.grading import call_lesson
+from course.ranks import free_port
 from course.replicas import LOG_ENV as REPLICA_ENV
 from course.write_log import WRITE_LOG_ENV
 

@@ -171,7 +171,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
         # TODO: in a resumed epoch, train only the batches the snapshot does not cover; the
-        # epochs after it start at their first batch.
+        # epochs after it start at their first batch (`done` is reset below).
         raise NotImplementedError("TODO at 04_torchrun/train.py:175 is not done yet")
         if (left := options.steps_left(args, step)) == 0:
             break

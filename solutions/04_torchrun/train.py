@@ -215,13 +215,12 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
         # TODO: in a resumed epoch, train only the batches the snapshot does not cover; the
-        # epochs after it start at their first batch.
+        # epochs after it start at their first batch (`done` is reset below).
         # HINT 1: The sampler (course's resumable one) can skip a number of *indices* at
-        #   the start of its shard; `done` counts *batches*. Reset `done` for the next
-        #   epoch only after this one's snapshots, which count the batches before the
-        #   restart too.
-        # HINT 2: sampler.skip = done * args.batch_size, at the top of the epoch; done =
-        #   0 at its end.
+        #   the start of its shard; `done` counts *batches*. Leave `done` as it is until
+        #   the epoch ends: this epoch's snapshots add the batches trained since the
+        #   restart to it.
+        # HINT 2: sampler.skip = done * args.batch_size.
         ### BEGIN SOLUTION
         sampler.skip = done * args.batch_size
         ### END SOLUTION

@@ -12,8 +12,8 @@ MUTANTS = [
     dict(
         name="rank_not_passed",
         why="init_process_group without rank=: the env:// default finds no RANK variable",
-        old="        rank=rank,\n        world_size=world_size,\n",
-        new="        world_size=world_size,\n",
+        old="dist.init_process_group(backend, rank=rank, world_size=world_size,",
+        new="dist.init_process_group(backend, world_size=world_size,",
         caught_by="learn",
     ),
     dict(
@@ -33,24 +33,21 @@ MUTANTS = [
     dict(
         name="sampler_without_rank",
         why="DistributedSampler built without rank=: both ranks train on one half",
-        old="train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed",
-        new="train_set, num_replicas=world_size, rank=0, shuffle=True, seed=args.seed",
+        old="DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)",
+        new="DistributedSampler(train_set, num_replicas=world_size, rank=0, seed=args.seed)",
         caught_by="disjoint_shards or global_batch",
     ),
     dict(
         name="data_parallel_instead_of_ddp",
         why="DataParallel (lesson 02) instead of DDP: each rank trains its own replica",
-        old="    ddp = DDP(\n        model,\n",
-        new=(
-            "    ddp = nn.DataParallel(model)\n"
-            "    _options_left_over = dict(\n        model=model,\n"
-        ),
+        old="    model = DDP(\n        model, device_ids=",
+        new="    model = nn.DataParallel(model)\n    _options_left_over = dict(\n        device_ids=",
         caught_by="replicas or equal_one_process",
     ),
     dict(
         name="fixed_master_port",
         why="a hard-coded MASTER_PORT: two jobs on one machine collide",
-        old='os.environ["MASTER_PORT"] = str(free_port())',
+        old='os.environ["MASTER_PORT"] = str(ranks.free_port())',
         new='os.environ["MASTER_PORT"] = "29533"',
         caught_by="equal_one_process or learn or disjoint",
     ),
@@ -67,12 +64,10 @@ ALTERNATIVES = [
     dict(
         name="own_atomic_torch_save",
         why="the checkpoint written with torch.save to a temporary file, fsync, os.replace",
-        old="""            checkpoint.save(
-                checkpoint_state(model.module, optimizer, epoch + 1, step), args.checkpoint
-            )""",
+        old="""            checkpoint.save(state, args.checkpoint)""",
         new="""            tmp = args.checkpoint + ".partial"
             with open(tmp, "wb") as f:
-                torch.save(checkpoint_state(model.module, optimizer, epoch + 1, step), f)
+                torch.save(state, f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, args.checkpoint)""",

@@ -16,10 +16,10 @@ MUTANTS = [
     dict(
         name="data_parallel_instead_of_ddp",
         why="DataParallel (lesson 02) instead of DDP: each rank trains its own replica",
-        old="    ddp = DDP(\n        model,\n",
+        old="    model = DDP(\n        model, device_ids=",
         new=(
-            "    ddp = nn.DataParallel(model)\n"
-            "    _options_left_over = dict(\n        model=model,\n"
+            "    model = torch.nn.DataParallel(model)\n"
+            "    _options_left_over = dict(\n        device_ids="
         ),
         caught_by="two_nodes",
     ),
@@ -33,22 +33,22 @@ MUTANTS = [
     dict(
         name="world_size_not_checked",
         why="a 2-rank snapshot resumed by 1 rank: shards and batch positions no longer line up",
-        old='    if state["world_size"] != dist.get_world_size():\n',
+        old='    if state["world_size"] != world_size:\n',
         new="    if False:\n",
         caught_by="another_number_of_ranks",
     ),
     dict(
-        name="done_before_forgotten",
-        why="the resumed epoch's earlier batches are not counted in later snapshots",
-        old="done_before, skip = skip, 0",
-        new="done_before, skip = 0, 0",
+        name="done_reset_too_early",
+        why="`done` reset with the skip: later snapshots in the resumed epoch miss its start",
+        old="        sampler.skip = done * args.batch_size\n",
+        new="        sampler.skip, done = done * args.batch_size, 0\n",
         caught_by="second_crash",
     ),
     dict(
         name="skip_in_batches",
         why="sampler.skip given batches instead of indices: the restart repeats batches",
-        old="        sampler.skip = skip * args.batch_size\n",
-        new="        sampler.skip = skip\n",
+        old="        sampler.skip = done * args.batch_size\n",
+        new="        sampler.skip = done\n",
         caught_by="killed_rank_is_restarted",
     ),
     dict(
