@@ -49,6 +49,7 @@ def pick_device(spec: str = "auto") -> torch.device:
     raise ValueError(f"--device {spec}: unknown; use auto, cpu, cuda or cuda:N")
 
 
+# --8<-- [start:gpu_ids]
 def gpu_ids(device: torch.device, gpus: int | None) -> list[int]:
     """The GPUs DataParallel uses: `gpus` of them from `device` on (default: all); [] on a CPU."""
     if device.type != "cuda":
@@ -62,6 +63,9 @@ def gpu_ids(device: torch.device, gpus: int | None) -> list[int]:
     if first + count > visible:
         raise ValueError(f"--gpus {gpus} from cuda:{first}: only {visible} GPU(s) are visible")
     return list(range(first, first + count))
+
+
+# --8<-- [end:gpu_ids]
 
 
 def exit_with_one_line(main, argv=None, prog: str | None = None) -> int:

@@ -36,7 +36,6 @@ into the site so that diagrams render with no network.
 from __future__ import annotations
 
 import ast
-import difflib
 import glob
 import importlib
 import importlib.util
@@ -55,7 +54,6 @@ MERMAID_DEST = "assets/vendor/mermaid.min.js"
 DIRECTIVE = re.compile(
     r"^(?P<indent>[ \t]*)<!-- (?P<name>[a-z-]+):?(?P<args>[^>]*?)\s*-->[ \t]*$", re.M
 )
-SECTION_MARKER = re.compile(r"--8<--\s*\[\s*(?:start|end)\s*:\s*[a-z][-_0-9a-z]*\s*\]")
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,18 +78,15 @@ def find_mermaid_js() -> Path:
 # --------------------------------------------------------------------------- diff
 
 
-def strip_section_markers(text: str) -> list[str]:
-    """Source lines without snippet section markers, which are scaffolding, not code."""
-    return [line for line in text.splitlines(keepends=True) if not SECTION_MARKER.search(line)]
-
-
 def render_diff(old: str, new: str, root: Path = ROOT) -> str:
     for rel in (old, new):
         if not (root / rel).is_file():
             raise PluginError(f"diff: no such file {rel!r} (paths are relative to the repo root)")
-    a = strip_section_markers((root / old).read_text(encoding="utf-8"))
-    b = strip_section_markers((root / new).read_text(encoding="utf-8"))
-    lines = list(difflib.unified_diff(a, b, fromfile=old, tofile=new, n=3))
+    # The lines `python -m course sizes` counts: no section or solution markers, no
+    # hints (the page shows them folded, in their own section).
+    sizes = importlib.import_module("course.sizes")
+    a, b = ((root / rel).read_text(encoding="utf-8") for rel in (old, new))
+    lines = sizes.diff(a, b, old, new)
     if not lines:
         return f"`{old}` and `{new}` are identical.\n"
     body = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
