@@ -117,15 +117,17 @@ def kill_in_save(name: str, nth: int) -> None:
 
 
 def note_first_step() -> None:
-    """Print the wall-clock time of this process's first optimizer step: after a
-    restart, minus the kill's time, it is the restart overhead."""
+    """On rank 0, print the wall-clock time of this process's first optimizer step:
+    after a restart, minus the kill's time, it is the restart overhead."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from course.write_log import current_rank
 
     done = False
 
     def after_step(_optimizer, _args, _kwargs) -> None:
         nonlocal done  # (removing the hook inside it would mutate the dict being iterated)
-        if not done:
+        if not done and current_rank() <= 0:
             done = True
             sys.stderr.write(f"chaos: first step after the restart done at t={time.time():.3f}\n")
             sys.stderr.flush()

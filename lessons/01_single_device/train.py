@@ -1,8 +1,10 @@
 """Lesson 01 - one device: the training loop that every later lesson parallelises.
 
-python lessons/01_single_device/train.py --device cpu --epochs 3 --metrics-out runs/01.json
-python lessons/01_single_device/train.py --epochs 3 --checkpoint runs/01/c.pt --resume
-python -m course grade 01                                         # grade your version
+Run it:
+    python lessons/01_single_device/train.py --device cpu --epochs 3 --metrics-out m.json
+    python lessons/01_single_device/train.py --epochs 1 --checkpoint runs/01/c.pt  # stop...
+    python lessons/01_single_device/train.py --epochs 3 --checkpoint runs/01/c.pt --resume
+    python -m course grade 01                                          # grade your version
 """
 
 import sys
@@ -38,7 +40,7 @@ def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=F
         labels = labels.to(device, non_blocking=True)
         # TODO: one optimizer step on this batch, its loss kept in `loss`. Every later
         # lesson keeps this step and changes only where the batch comes from.
-        raise NotImplementedError("TODO at 01_single_device/train.py:41 is not done yet")
+        raise NotImplementedError("TODO at 01_single_device/train.py:43 is not done yet")
         # detach, no .item(): keep the number on the device, don't wait for the GPU.
         total_loss += loss.detach() * len(labels)
         images_seen += len(labels)
@@ -61,7 +63,7 @@ def evaluate(model, loader, device) -> tuple[float, float]:
         images, labels = images.to(device), labels.to(device)
         # TODO: add this batch's summed loss and its number of right answers to the totals.
         # The mean is over examples: the last batch is smaller, a mean of means is wrong.
-        raise NotImplementedError("TODO at 01_single_device/train.py:64 is not done yet")
+        raise NotImplementedError("TODO at 01_single_device/train.py:66 is not done yet")
         seen += len(labels)
     return total_loss / max(seen, 1), correct / max(seen, 1)
 
@@ -74,14 +76,14 @@ def checkpoint_state(model, optimizer, epoch: int, step: int) -> dict:
     """Everything a resumed run needs; `epoch` counts the epochs completed."""
     # TODO: a dict with the keys "model", "optimizer", "epoch", "step" and "rng": whatever
     # is missing makes a resumed run differ from one that never stopped.
-    raise NotImplementedError("TODO at 01_single_device/train.py:77 is not done yet")
+    raise NotImplementedError("TODO at 01_single_device/train.py:79 is not done yet")
 
 
 def restore(state: dict, model, optimizer) -> tuple[int, int]:
     """Load a checkpoint_state() dict into model and optimizer; returns (epoch, step)."""
     # TODO: put a checkpoint_state() dict back, so that training continues as if it had
     # never stopped, and return (epoch, step).
-    raise NotImplementedError("TODO at 01_single_device/train.py:84 is not done yet")
+    raise NotImplementedError("TODO at 01_single_device/train.py:86 is not done yet")
 
 
 # --8<-- [end:checkpoint]

@@ -1,8 +1,9 @@
 """Lesson 03 - DistributedDataParallel with mp.spawn: one process per device.
 
-python lessons/03_ddp_spawn/train.py --nproc 2 --backend gloo      # 2 CPU processes
-python lessons/03_ddp_spawn/train.py --backend nccl --sync-bn      # one process per GPU
-python -m course grade 03                                          # grade your version
+Run it:
+    python lessons/03_ddp_spawn/train.py --nproc 2 --backend gloo      # 2 CPU processes
+    python lessons/03_ddp_spawn/train.py --backend nccl --sync-bn      # one process per GPU
+    python -m course grade 03                                          # grade your version
 """
 
 import os
@@ -39,7 +40,7 @@ def setup(rank: int, world_size: int, backend: str) -> torch.device:
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     # TODO: join the process group as rank `rank` of `world_size`, on this rank's own GPU
     # (NCCL builds its communicator on the current device; unset, every rank uses cuda:0).
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:42 is not done yet")
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:43 is not done yet")
     return device
 
 
@@ -128,7 +129,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
     # TODO: this rank's own shard of the training set: disjoint from the other ranks',
     # covering the epoch together, shuffled, and of equal length on every rank (a rank
     # with one batch more would wait forever in its all-reduce).
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:131 is not done yet")
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:132 is not done yet")
     train_loader = data.loader(
         train_set, args.batch_size, device, args.num_workers, sampler=sampler
     )
@@ -141,7 +142,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
     model = model.to(device, memory_format=args.memory_format)
     # TODO: wrap the model so that backward() averages the gradients over all ranks: then
     # every rank takes the same step and the replicas stay identical.
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:144 is not done yet")
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:145 is not done yet")
     # --8<-- [end:model]
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
 
@@ -156,7 +157,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
     for epoch in range(start_epoch, args.epochs):
         # TODO: a different shuffle every epoch. The sampler shuffles with seed + epoch; left
         # at epoch 0, each rank sees the same shard in the same order: a quietly worse model.
-        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:159 is not done yet")
+        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:160 is not done yet")
         if (left := options.steps_left(args, step)) == 0:
             break
         tic = time.perf_counter()
@@ -174,7 +175,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
         # Only a complete epoch is saved: a resumed run restarts at an epoch boundary.
         # TODO: save the checkpoint of each complete epoch from one rank, loadable by lesson
         # 01's plain model, and let no rank run ahead (or exit) before the file is complete.
-        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:177 is not done yet")
+        raise NotImplementedError("TODO at 03_ddp_spawn/train.py:178 is not done yet")
     return log.finish(evaluate(model.module, test_loader, device)[1], step) if rank == 0 else None
 
 
@@ -201,7 +202,7 @@ def main(argv=None) -> None:
     # TODO: start world_size processes that find each other at rank 0's address and port,
     # read from the environment they inherit. The port must be free: a fixed number
     # collides as soon as two jobs share a machine.
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:204 is not done yet")
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:205 is not done yet")
 
 
 # --8<-- [end:spawn]

@@ -1,5 +1,6 @@
 """Lesson 04 - torchrun: the same DDP training, started by torchrun, surviving a crash.
 
+Run it:
     export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1     # reliable restarts (see the page)
     torchrun --standalone --nproc_per_node=2 --max-restarts 3 lessons/04_torchrun/train.py \
         --backend gloo --snapshot runs/04/snapshot.pt --snapshot-every 5
@@ -35,7 +36,7 @@ def setup(backend: str) -> tuple[int, int, torch.device]:
     """Join the process group torchrun set up; returns (rank, world size, device)."""
     # TODO: who is this process? torchrun says it in the environment: its local rank on this
     # machine (which picks its GPU), its global rank, the world size and where to meet.
-    raise NotImplementedError("TODO at 04_torchrun/train.py:38 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:39 is not done yet")
 
 
 # --8<-- [end:setup]
@@ -116,7 +117,7 @@ def save_snapshot(path, model, optimizer, epoch: int, batches_done: int, step: i
     # TODO: write a snapshot from which a restarted group continues exactly where this one
     # stopped, even mid-epoch. One rank writes it; a crash while writing must leave the
     # previous snapshot intact.
-    raise NotImplementedError("TODO at 04_torchrun/train.py:119 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:120 is not done yet")
     # No barrier: only a restarted group reads the file, and torchrun restarts a
     # group only after every process of the old one has exited.
 
@@ -126,7 +127,7 @@ def load_snapshot(path, model, optimizer, device) -> tuple[int, int, int]:
     # TODO: load a snapshot into this rank and return (epoch, batches_done, step). Refuse,
     # with a ValueError, one written by another number of ranks: its shards and batch
     # positions would not line up with this run's.
-    raise NotImplementedError("TODO at 04_torchrun/train.py:129 is not done yet")
+    raise NotImplementedError("TODO at 04_torchrun/train.py:130 is not done yet")
 
 
 # --8<-- [end:snapshot]
@@ -172,7 +173,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
         sampler.set_epoch(epoch)
         # TODO: in a resumed epoch, train only the batches the snapshot does not cover; the
         # epochs after it start at their first batch (`done` is reset below).
-        raise NotImplementedError("TODO at 04_torchrun/train.py:175 is not done yet")
+        raise NotImplementedError("TODO at 04_torchrun/train.py:176 is not done yet")
         if (left := options.steps_left(args, step)) == 0:
             break
 

@@ -1,8 +1,10 @@
 """Lesson 01 - one device: the training loop that every later lesson parallelises.
 
-python lessons/01_single_device/train.py --device cpu --epochs 3 --metrics-out runs/01.json
-python lessons/01_single_device/train.py --epochs 3 --checkpoint runs/01/c.pt --resume
-python -m course grade 01                                         # grade your version
+Run it:
+    python lessons/01_single_device/train.py --device cpu --epochs 3 --metrics-out m.json
+    python lessons/01_single_device/train.py --epochs 1 --checkpoint runs/01/c.pt  # stop...
+    python lessons/01_single_device/train.py --epochs 3 --checkpoint runs/01/c.pt --resume
+    python -m course grade 01                                          # grade your version
 """
 
 import sys

@@ -1,8 +1,9 @@
 """Lesson 02 - nn.DataParallel: one process drives every GPU of the machine.
 
-python lessons/02_data_parallel/train_dp.py --device cuda --epochs 3   # every visible GPU
-python -m course bench --lessons 01 02                          # one GPU vs DataParallel
-python -m course grade 02                                         # grade your version
+Run it:
+    python lessons/02_data_parallel/train_dp.py --device cuda --epochs 3   # every visible GPU
+    python -m course bench --lessons 01 02                             # 1 GPU vs DataParallel
+    python -m course grade 02                                          # grade your version
 """
 
 import sys
@@ -165,7 +166,8 @@ def train(device: torch.device, args) -> dict:
         print(f"resumed from {args.checkpoint}: {start_epoch} epoch(s), {step} step(s) done")
     print(f"training {args.model} on {args.data} ({len(train_set)} images) on {device}")
     dp = isinstance(model, nn.DataParallel)  # say it: a learner must see whether DP is used
-    print(f"DataParallel over GPUs {device_ids}" if dp else "DataParallel needs at least 2 GPUs")
+    no_dp = f"plain module: DataParallel needs at least 2 GPUs, here {len(device_ids)}"
+    print(f"DataParallel over GPUs {device_ids}" if dp else no_dp)
     log = RunLog(args, start_epoch, device=str(device), gpus=len(device_ids), data_parallel=dp)
     log.metrics["global_batch_size"] = batch
     for epoch in range(start_epoch, args.epochs):

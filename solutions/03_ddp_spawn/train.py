@@ -1,8 +1,9 @@
 """Lesson 03 - DistributedDataParallel with mp.spawn: one process per device.
 
-python lessons/03_ddp_spawn/train.py --nproc 2 --backend gloo      # 2 CPU processes
-python lessons/03_ddp_spawn/train.py --backend nccl --sync-bn      # one process per GPU
-python -m course grade 03                                          # grade your version
+Run it:
+    python lessons/03_ddp_spawn/train.py --nproc 2 --backend gloo      # 2 CPU processes
+    python lessons/03_ddp_spawn/train.py --backend nccl --sync-bn      # one process per GPU
+    python -m course grade 03                                          # grade your version
 """
 
 import os

@@ -1,5 +1,6 @@
 """Lesson 04 - torchrun: the same DDP training, started by torchrun, surviving a crash.
 
+Run it:
     export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1     # reliable restarts (see the page)
     torchrun --standalone --nproc_per_node=2 --max-restarts 3 lessons/04_torchrun/train.py \
         --backend gloo --snapshot runs/04/snapshot.pt --snapshot-every 5
