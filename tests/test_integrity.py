@@ -8,6 +8,7 @@ terminal table and in the JSON file, must not exceed the plain starters'.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
@@ -151,6 +152,12 @@ CHEATS = {
 }
 
 
+def _docstring_or_future(node: ast.stmt) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.module == "__future__"
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+
+
 def starters_with(tmp_path: Path, cheat: str | None) -> Path:
     """A copy of the unsolved starters of GRADED with `cheat` put at the top of each file."""
     impl = tmp_path / "impl"
@@ -160,10 +167,14 @@ def starters_with(tmp_path: Path, cheat: str | None) -> Path:
         if cheat is None:
             continue
         path = lesson.path(impl)
-        source = path.read_text()
-        anchor = "from __future__ import annotations\n"
-        assert anchor in source, f"{path.name}: the cheat goes after the __future__ import"
-        path.write_text(source.replace(anchor, anchor + textwrap.dedent(cheat), 1))
+        lines = path.read_text().splitlines(keepends=True)
+        # After the docstring and any __future__ import, which must come first.
+        at = 0
+        for node in ast.parse("".join(lines)).body:
+            if not _docstring_or_future(node):
+                break
+            at = node.end_lineno
+        path.write_text("".join(lines[:at]) + textwrap.dedent(cheat) + "".join(lines[at:]))
     return impl
 
 

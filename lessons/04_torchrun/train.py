@@ -164,7 +164,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
     start_epoch = done = step = 0
     if args.snapshot and os.path.isfile(args.snapshot):  # every restart begins here
         start_epoch, done, step = load_snapshot(args.snapshot, model, optimizer, device)
-        print(f"resumed from {args.snapshot} at step {step}: epoch {start_epoch + 1}, {done} done")
+        print(f"resumed from {args.snapshot} at step {step} (epoch {start_epoch + 1})")
     print(f"training {args.model} on {args.data} ({len(train_set)} images) on {device}")
     batch = args.batch_size * world_size  # what one optimizer step averages over
     print(f"{world_size} ranks x batch {args.batch_size} per rank = global batch {batch}")

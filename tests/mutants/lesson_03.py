@@ -41,7 +41,10 @@ MUTANTS = [
         name="data_parallel_instead_of_ddp",
         why="DataParallel (lesson 02) instead of DDP: each rank trains its own replica",
         old="    model = DDP(\n        model, device_ids=",
-        new="    model = nn.DataParallel(model)\n    _options_left_over = dict(\n        device_ids=",
+        new=(
+            "    model = nn.DataParallel(model)\n"
+            "    _options_left_over = dict(\n        device_ids="
+        ),
         caught_by="replicas or equal_one_process",
     ),
     dict(
