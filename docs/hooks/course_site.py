@@ -457,6 +457,27 @@ def render_lesson_card(number: str) -> str:
     )
 
 
+def render_sizes(root: Path = ROOT) -> str:
+    """`python -m course sizes` as a table: code lines and changes of every solution."""
+    sizes = importlib.import_module("course.sizes")
+    rows = sizes.measure(root / "solutions")
+    out = [
+        "| lesson | file | lines | code lines | builds on | changed code lines | page diff |",
+        "| --- | --- | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for r in rows:
+        on, changed, page = (r.builds_on, r.changed, r.page_diff) if r.builds_on else "–––"
+        cells = [r.lesson, f"`{r.path}`", r.lines, r.code, on, changed, page]
+        out.append("| " + " | ".join(map(str, cells)) + " |")
+    out.append("")
+    out.append(
+        f"Targets: at most {sizes.MAX_CODE_LINES} code lines a solution, and at most "
+        f"{sizes.MAX_CHANGED} code lines added plus removed against the lesson it builds on "
+        "(`tests/test_course_sizes.py` fails past them)."
+    )
+    return "\n".join(out) + "\n"
+
+
 def render_lessons_table(page_dir: str) -> str:
     rows = []
     for lesson in load_lessons():
@@ -491,6 +512,8 @@ def expand(markdown: str, src_uri: str) -> str:
                 return render_lesson_card(args[0])
             if name == "lessons-table" and not args:
                 return render_lessons_table(page_dir)
+            if name == "sizes" and not args:
+                return render_sizes()
             if name == "results-table" and len(args) == 1:
                 return render_results(args[0])
             if name == "bench-table" and len(args) == 1:
@@ -503,7 +526,7 @@ def expand(markdown: str, src_uri: str) -> str:
                 return render_output(args[0])
         except PluginError as exc:
             raise PluginError(f"{src_uri}: {exc}") from exc
-        known = {"diff", "grading", "lesson-card", "lessons-table", "results-table"}
+        known = {"diff", "grading", "lesson-card", "lessons-table", "results-table", "sizes"}
         if name in known | {"bench-table", "bench-plot", "hints", "output"}:
             raise PluginError(f"{src_uri}: malformed directive {m.group(0)!r}")
         return m.group(0)
