@@ -1,5 +1,5 @@
-"""Plumbing every training lesson shares: seeding, picking devices, one-line
-errors, the progress-bar switch and the memory layout.
+"""Plumbing every training lesson shares: seeding, picking devices and one-line
+errors.
 
 None of it is the lesson; it lives here once so the lesson files can show
 the training loop and the one change each lesson makes to it.
@@ -13,8 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from course.files import write_json_atomic
 
 
 def seed_everything(seed: int) -> None:
@@ -83,18 +81,3 @@ def exit_with_one_line(main, argv=None, prog: str | None = None) -> int:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     return 0
-
-
-def write_json(data, path: str | Path) -> Path:
-    """Write `data` as JSON, atomically (a reader never sees half a file)."""
-    return write_json_atomic(data, path)
-
-
-def show_progress(quiet: bool) -> bool:
-    """A progress bar only for a person watching: not with --quiet, not into a log file."""
-    return not quiet and sys.stderr.isatty()
-
-
-def memory_format(args) -> torch.memory_format:
-    """The layout --channels-last asks for, for `model.to(memory_format=...)`."""
-    return torch.channels_last if args.channels_last else torch.preserve_format

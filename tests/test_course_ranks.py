@@ -1,8 +1,10 @@
-"""course.ranks: each rank's share of the CPU."""
+"""course.ranks: CPU shares, backend choice, the torchrun check, means over ranks."""
 
 from __future__ import annotations
 
 import os
+
+import pytest
 
 from course.ranks import cpu_share
 
@@ -20,3 +22,45 @@ def test_omp_num_threads_wins(monkeypatch):
     assert cpu_share(2) == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "not a number")
     assert cpu_share(1) == len(os.sched_getaffinity(0))
+
+
+def test_backend_and_world_size_without_gpus(monkeypatch):
+    import torch
+
+    from course import ranks
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert ranks.backend_and_world_size(None, None) == ("gloo", 2)
+    assert ranks.backend_and_world_size("gloo", 3) == ("gloo", 3)
+    with pytest.raises(ValueError, match="needs 2 GPUs"):
+        ranks.backend_and_world_size("nccl", 2)
+    with pytest.raises(ValueError, match="--sync-bn needs --backend nccl"):
+        ranks.backend_and_world_size(None, None, sync_bn=True)
+
+
+def test_require_torchrun(monkeypatch, capsys):
+    from course import ranks
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with pytest.raises(ValueError, match="start me with torchrun"):
+        ranks.require_torchrun()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    ranks.require_torchrun()
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in capsys.readouterr().out
+
+
+def test_mean_over_ranks_in_a_one_rank_group(tmp_path):
+    import torch.distributed as dist
+
+    from course import ranks
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        assert ranks.mean_over_ranks(0.5, 4) == (0.5, 4)
+        assert ranks.mean_over_ranks(0.0, 0) == (0.0, 0)  # an epoch with nothing left to train
+    finally:
+        dist.destroy_process_group()

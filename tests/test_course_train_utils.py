@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -42,7 +40,13 @@ def test_exit_with_one_line(capsys):
     assert capsys.readouterr().err == "train.py: error: --data x: no such folder\n"
 
 
-def test_write_json_is_whole(tmp_path):
-    path = train_utils.write_json({"a": 1}, tmp_path / "m" / "metrics.json")
-    assert json.loads(path.read_text()) == {"a": 1}
-    assert [p.name for p in path.parent.iterdir()] == ["metrics.json"]
+def test_gpu_ids_for_data_parallel(monkeypatch):
+    cpu = torch.device("cpu")
+    assert train_utils.gpu_ids(cpu, None) == [] and train_utils.gpu_ids(cpu, 1) == []
+    with pytest.raises(ValueError, match="needs CUDA GPUs"):
+        train_utils.gpu_ids(cpu, 2)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert train_utils.gpu_ids(torch.device("cuda", 0), None) == [0, 1, 2]
+    assert train_utils.gpu_ids(torch.device("cuda", 1), 2) == [1, 2]
+    with pytest.raises(ValueError, match="only 3 GPU"):
+        train_utils.gpu_ids(torch.device("cuda", 2), 2)

@@ -1,0 +1,52 @@
+"""course.options: the flags every training lesson shares, checked once."""
+
+import pytest
+import torch
+
+from course import options
+
+
+def parse(*argv, resume=False):
+    p = options.parser("Lesson NN - a title.\n\nmore text", prog="train.py", per="per rank")
+    if resume:
+        p.add_argument("--resume", action="store_true")
+    return options.parse(p, list(argv))
+
+
+def test_defaults_and_what_the_flags_imply():
+    args = parse("--quiet", "--channels-last")
+    assert (args.data, args.model, args.norm, args.epochs, args.batch_size) == (
+        "digits",
+        "cnn",
+        "batch",
+        3,
+        64,
+    )
+    assert args.progress is False  # --quiet, and never into a file
+    assert args.memory_format == torch.channels_last
+    assert parse().memory_format == torch.preserve_format
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--epochs", "0"], ["--batch-size", "many"], ["--lr", "-1"], ["--norm", "group"]],
+)
+def test_bad_values_are_one_line(capsys, argv):
+    with pytest.raises(SystemExit) as exit_:
+        parse(*argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("train.py: error:") and err.endswith("(see --help)")
+
+
+def test_resume_needs_a_checkpoint(capsys):
+    with pytest.raises(SystemExit):
+        parse("--resume", resume=True)
+    assert "--resume needs --checkpoint" in capsys.readouterr().err
+    assert parse("--resume", "--checkpoint", "c.pt", resume=True).resume
+
+
+def test_steps_left():
+    assert options.steps_left(parse(), 10) is None
+    args = parse("--max-steps", "12")
+    assert [options.steps_left(args, s) for s in (0, 10, 12, 20)] == [12, 2, 0, 0]
