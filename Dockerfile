@@ -46,7 +46,13 @@ RUN if id -u 1000 >/dev/null 2>&1; then userdel --remove "$(id -nu 1000)"; fi \
     && usermod --password '*' student \
     && mkdir -p /workspace/checkpoints /workspace/data /workspace/logs /var/lib/course/ssh \
     && chown student:student /workspace /workspace/checkpoints /workspace/data /workspace/logs /var/lib/course/ssh \
-    && chmod 700 /var/lib/course/ssh
+    && chmod 700 /var/lib/course/ssh \
+    && useradd --uid 1001 --user-group --no-create-home --shell /usr/sbin/nologin runner
+
+# `runner` (above) is whom the `grade` service of compose.yaml runs submitted
+# code as (COURSE_CHILD_USER): it owns nothing here, so it cannot change the
+# course, the tests or the results, nor signal the grader, and the last RUN
+# below keeps the reference solutions from it.
 
 # Dependencies first, from the project's own pyproject.toml, so that editing a
 # lesson does not reinstall them. An empty stand-in package lets pip resolve
@@ -70,7 +76,8 @@ COPY --chmod=0644 docker/sshd_config docker/jupyter_server_config.py /etc/course
 WORKDIR /workspace
 COPY --chown=student:student . /workspace/
 RUN pip install --no-deps /workspace \
-    && rm -rf /workspace/build /workspace/*.egg-info
+    && rm -rf /workspace/build /workspace/*.egg-info \
+    && chmod -R o-rwx /workspace/solutions
 
 # Numeric, so that orchestrators can verify the image does not run as root
 # without reading its /etc/passwd.

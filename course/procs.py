@@ -204,8 +204,8 @@ CHILD_USER_ENV = "COURSE_CHILD_USER"
 def child_user(*folders: str | Path | None) -> dict:
     """Popen's user/group options when the grader runs as root with COURSE_CHILD_USER set.
 
-    In the course container an instructor grades as root and sets
-    COURSE_CHILD_USER=student: every child then runs as that unprivileged
+    In the course container the `grade` service grades as root and sets
+    COURSE_CHILD_USER=runner: every child then runs as that unprivileged
     user, who cannot write the results file, the grader's code or the
     reference solutions, nor signal the grader. The child's working folders
     are handed to that user. Elsewhere (a laptop, CI as an ordinary user)

@@ -256,13 +256,37 @@ def test_course_service_has_gpus_shared_memory_and_loopback_ports():
     assert {"cpus", "memory"} <= set(limits) and service.get("pids_limit"), f"limits: {limits}"
 
 
+CHILD_USER_CAPS = {"SETUID", "SETGID", "CHOWN", "FOWNER", "DAC_OVERRIDE", "KILL"}
+
+
+def DOCKERFILE_TEXT() -> str:  # noqa: N802 - reads like the constant it stands for
+    return (ROOT / "Dockerfile").read_text()
+
+
+def test_reference_solutions_are_unreadable_for_other_users_in_the_image():
+    """The grade service's child user owns nothing: `o-rwx` keeps solutions/ from it."""
+    runs = [args for keyword, args in dockerfile_instructions() if keyword == "RUN"]
+    copy = next(
+        i for i, (k, a) in enumerate(dockerfile_instructions()) if k == "COPY" and ". " in a
+    )
+    later = " ".join(args for keyword, args in dockerfile_instructions()[copy:] if keyword == "RUN")
+    assert runs and "chmod -R o-rwx /workspace/solutions" in later, later
+
+
 def test_grade_service_isolates_untrusted_code():
     service = yaml.safe_load(COMPOSE.read_text())["services"]["grade"]
     assert service["network_mode"] == "none"
     assert service["read_only"] is True
     assert service["cap_drop"] == ["ALL"]
     assert "no-new-privileges:true" in service["security_opt"]
-    assert str(service["user"]).split(":")[0] not in {"0", "root"}
+    # Root only to run the children as another user: nothing beyond what that needs.
+    if str(service["user"]).split(":")[0] in {"0", "root"}:
+        assert set(service["cap_add"]) <= CHILD_USER_CAPS, service["cap_add"]
+        child = service["environment"]["COURSE_CHILD_USER"]
+        users = " ".join(a for k, a in dockerfile_instructions() if k == "RUN")
+        assert re.search(rf"useradd [^&]*--shell /usr/sbin/nologin {child}\b", users), child
+    else:
+        assert not service.get("cap_add"), "an unprivileged grader needs no capabilities"
     assert "deploy" not in service or "reservations" not in service["deploy"]["resources"]
     assert {"cpus", "memory"} <= set(service["deploy"]["resources"]["limits"])
     assert 0 < service["pids_limit"] <= 4096, "a fork bomb must hit a low process limit"
