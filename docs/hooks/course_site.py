@@ -467,7 +467,7 @@ def render_sizes(root: Path = ROOT) -> str:
     ]
     for r in rows:
         on, changed, page = (r.builds_on, r.changed, r.page_diff) if r.builds_on else "–––"
-        cells = [r.lesson, f"`{r.path}`", r.lines, r.code, on, changed, page]
+        cells = [r.lesson, r.path.replace("/", "/&#8203;"), r.lines, r.code, on, changed, page]
         out.append("| " + " | ".join(map(str, cells)) + " |")
     out.append("")
     out.append(
