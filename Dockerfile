@@ -73,18 +73,22 @@ COPY --chmod=0755 docker/entrypoint.sh /usr/local/bin/course-entrypoint
 COPY --chmod=0755 docker/healthcheck.py /usr/local/bin/course-healthcheck
 COPY --chmod=0644 docker/sshd_config docker/jupyter_server_config.py /etc/course/
 
+# The course as shipped lives in /opt/course; the student works in /workspace,
+# a volume. On every start the entrypoint copies into /workspace whatever of
+# /opt/course is missing there, and never overwrites a file: a fresh volume
+# gets the starters, and edits survive new containers and new images.
+COPY --chown=student:student . /opt/course/
+RUN pip install --no-deps /opt/course \
+    && rm -rf /opt/course/build /opt/course/*.egg-info \
+    && chmod -R o-rwx /opt/course/solutions
 WORKDIR /workspace
-COPY --chown=student:student . /workspace/
-RUN pip install --no-deps /workspace \
-    && rm -rf /workspace/build /workspace/*.egg-info \
-    && chmod -R o-rwx /workspace/solutions
 
 # Numeric, so that orchestrators can verify the image does not run as root
 # without reading its /etc/passwd.
 USER 1000:1000
 
 EXPOSE 8888 22
-VOLUME ["/workspace/checkpoints", "/workspace/data", "/workspace/logs"]
+VOLUME ["/workspace", "/workspace/checkpoints", "/workspace/data", "/workspace/logs"]
 
 HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 \
     CMD ["course-healthcheck"]

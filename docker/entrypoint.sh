@@ -24,6 +24,9 @@ set -euo pipefail
 : "${SSH_HOST_KEY_DIR:=/var/lib/course/ssh}"
 # Where the services started here are recorded for the HEALTHCHECK.
 : "${COURSE_RUN_DIR:=/tmp/course-run}"
+# The course as shipped in the image, and the student's work folder (a volume).
+: "${COURSE_DIST:=/opt/course}"
+: "${COURSE_WORK:=/workspace}"
 
 die() {
     echo "course-entrypoint: error: $*" >&2
@@ -128,7 +131,34 @@ prepare_jupyter() {
     )
 }
 
+# Copies into the work folder every file of the shipped course it lacks, and
+# never overwrites one: a fresh volume gets the course, a student's edits stay.
+seed_work() {
+    [ -d "$COURSE_DIST" ] || return 0
+    mkdir -p "$COURSE_WORK" 2>/dev/null || true
+    if [ ! -w "$COURSE_WORK" ]; then
+        die "the work folder $COURSE_WORK is not writable by uid $(id -u) (it belongs to uid $(stat -c %u "$COURSE_WORK" 2>/dev/null || echo '?')). Mount a named volume (-v course-work:$COURSE_WORK), or give the host folder to uid $(id -u): sudo chown -R $(id -u):$(id -g) FOLDER"
+    fi
+    python3 - "$COURSE_DIST" "$COURSE_WORK" <<'PY'
+import os, shutil, sys
+src, dst = sys.argv[1:3]
+copied = 0
+for folder, dirs, files in os.walk(src):
+    dirs[:] = [d for d in dirs if d not in (".git", "__pycache__")]
+    target = os.path.join(dst, os.path.relpath(folder, src))
+    os.makedirs(target, exist_ok=True)
+    for name in files:
+        path = os.path.join(target, name)
+        if not os.path.lexists(path):
+            shutil.copy2(os.path.join(folder, name), path)
+            copied += 1
+if copied:
+    print(f"course-entrypoint: copied {copied} course file(s) into {dst}; existing files kept")
+PY
+}
+
 mode="${1:-jupyter}"
+seed_work
 case "$mode" in
     jupyter)
         reset_services

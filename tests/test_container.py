@@ -259,18 +259,13 @@ def test_course_service_has_gpus_shared_memory_and_loopback_ports():
 CHILD_USER_CAPS = {"SETUID", "SETGID", "CHOWN", "FOWNER", "DAC_OVERRIDE", "KILL"}
 
 
-def DOCKERFILE_TEXT() -> str:  # noqa: N802 - reads like the constant it stands for
-    return (ROOT / "Dockerfile").read_text()
-
-
 def test_reference_solutions_are_unreadable_for_other_users_in_the_image():
-    """The grade service's child user owns nothing: `o-rwx` keeps solutions/ from it."""
-    runs = [args for keyword, args in dockerfile_instructions() if keyword == "RUN"]
-    copy = next(
-        i for i, (k, a) in enumerate(dockerfile_instructions()) if k == "COPY" and ". " in a
-    )
-    later = " ".join(args for keyword, args in dockerfile_instructions()[copy:] if keyword == "RUN")
-    assert runs and "chmod -R o-rwx /workspace/solutions" in later, later
+    """The grade service's child user owns nothing: `o-rwx` keeps solutions/ from it,
+    after the course is copied in."""
+    steps = dockerfile_instructions()
+    copy = next(i for i, (k, a) in enumerate(steps) if k == "COPY" and a.endswith("/opt/course/"))
+    later = " ".join(args for keyword, args in steps[copy:] if keyword == "RUN")
+    assert "chmod -R o-rwx /opt/course/solutions" in later, later
 
 
 def test_grade_service_isolates_untrusted_code():
@@ -604,3 +599,71 @@ def test_entrypoint_runs_any_other_command(tmp_path):
     result = run_entrypoint(entrypoint_env(tmp_path), "echo", "from-the-container")
     assert result.returncode == 0 and result.stdout.strip() == "from-the-container"
     assert not (tmp_path / "run" / "services").exists(), "a plain command registered a service"
+
+
+# --- the student's work folder ---------------------------------------------------------
+
+
+def test_the_work_folder_is_a_volume_in_the_image_and_in_compose():
+    volumes = [args for keyword, args in dockerfile_instructions() if keyword == "VOLUME"]
+    assert volumes and '"/workspace"' in volumes[-1], volumes
+    course = yaml.safe_load(COMPOSE.read_text())["services"]["course"]
+    assert any(str(v).split(":")[1:2] == ["/workspace"] for v in course["volumes"]), course
+
+
+DOCKER_RUN = re.compile(r"docker run\b(?:\\\n|[^\n`|])*")
+
+
+def test_every_docker_run_on_the_site_mounts_the_work_folder():
+    """An unmounted /workspace is an anonymous volume that --rm deletes: every command a
+    page gives mounts it, except the grader's, which reads a submission and no work."""
+    pages = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
+    commands = []
+    for page in pages:
+        for m in DOCKER_RUN.finditer(page.read_text(encoding="utf-8")):
+            command = " ".join(m.group(0).replace("\\\n", " ").split())
+            if "multigpu-course" in command:
+                commands.append((page.relative_to(ROOT), command))
+    assert len(commands) >= 4, commands
+    for page, command in commands:
+        if "--impl /submission" in command:
+            continue
+        assert re.search(r'-v "?[^\s"]+:/workspace"?(\s|$)', command), f"{page}: {command}"
+
+
+def seed(tmp_path, *args: str, work: Path | str) -> subprocess.CompletedProcess[str]:
+    env = entrypoint_env(tmp_path, COURSE_DIST=str(tmp_path / "dist"), COURSE_WORK=str(work))
+    return run_entrypoint(env, *args)
+
+
+def test_entrypoint_seeds_an_empty_work_folder_and_keeps_edits(tmp_path):
+    dist, work = tmp_path / "dist", tmp_path / "work"
+    (dist / "lessons" / "01").mkdir(parents=True)
+    (dist / "lessons" / "01" / "train.py").write_text("starter\n")
+    (dist / "README.md").write_text("readme\n")
+    first = seed(tmp_path, "true", work=work)
+    assert first.returncode == 0, first.stderr
+    assert (work / "lessons" / "01" / "train.py").read_text() == "starter\n"
+    assert "copied 2 course file(s)" in first.stdout
+    (work / "lessons" / "01" / "train.py").write_text("my edit\n")
+    (work / "runs").mkdir()
+    (dist / "lessons" / "02").mkdir()
+    (dist / "lessons" / "02" / "train.py").write_text("new lesson\n")
+    again = seed(tmp_path, "true", work=work)
+    assert again.returncode == 0, again.stderr
+    assert (work / "lessons" / "01" / "train.py").read_text() == "my edit\n"
+    assert (work / "lessons" / "02" / "train.py").read_text() == "new lesson\n"
+    assert (work / "runs").is_dir() and "copied 1 course file(s)" in again.stdout
+    quiet = seed(tmp_path, "true", work=work)
+    assert quiet.returncode == 0 and "copied" not in quiet.stdout
+
+
+def test_entrypoint_refuses_a_work_folder_it_cannot_write(tmp_path):
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "README.md").write_text("readme\n")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder\n")
+    result = seed(tmp_path, "true", work=blocked / "work")  # cannot exist: its parent is a file
+    assert result.returncode != 0
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1 and "not writable" in err and "chown" in err, err
