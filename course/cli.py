@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     # Parsed by course.bench itself (python -m course bench --help); listed here for --help.
     sub.add_parser("bench", help="time the lessons' own training side by side", add_help=False)
     sub.add_parser("record", help="record the reference outputs the site shows", add_help=False)
+    sub.add_parser("bandwidth", help="all_reduce bandwidth by message size", add_help=False)
     sizes = sub.add_parser("sizes", help="code lines of each solution and lines changed per lesson")
     sizes.add_argument("--impl", default="solutions", help="solutions (default) or a folder")
 
@@ -183,6 +184,14 @@ def main(argv: list[str] | None = None) -> int:
             return record.main(argv[1:])
         except (ValueError, RuntimeError) as err:
             print(f"python -m course record: error: {err}", file=sys.stderr)
+            return 2
+    if argv[:1] == ["bandwidth"]:
+        from course import bandwidth
+
+        try:
+            return bandwidth.main(argv[1:])
+        except ValueError as err:
+            print(f"python -m course bandwidth: error: {err}", file=sys.stderr)
             return 2
     if argv[:1] == ["bench"]:
         from course import bench

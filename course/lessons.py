@@ -87,6 +87,15 @@ LESSONS: tuple[Lesson, ...] = (
         summary="torchrun starts the ranks; snapshots let a killed job restart where it stopped.",
         builds_on="03",
     ),
+    Lesson(
+        number="05",
+        slug="05_collectives",
+        title="Collectives and the ring",
+        level="core",
+        script="collectives.py",
+        launcher="spawn",
+        summary="What broadcast, all_reduce, all_gather, reduce_scatter do; an all-reduce by hand.",
+    ),
 )
 
 

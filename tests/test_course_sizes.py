@@ -51,7 +51,7 @@ def test_every_solution_is_lean():
     )
     print(run.stdout)
     rows = sizes.measure()
-    assert [r.lesson for r in rows] == ["01", "02", "03", "04"]
+    assert {"01", "02", "03", "04"} <= {r.lesson for r in rows}
     over = [r for r in rows if not r.ok]
     assert run.returncode == (1 if over else 0), run.stdout + run.stderr
     assert not over, f"over the targets:\n{run.stdout}"

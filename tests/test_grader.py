@@ -190,3 +190,22 @@ def test_a_rank_0_only_barrier_is_reported_once_before_the_deadline(tmp_path):
     assert "rank 0 at step 0" in message and "rank 1 at step" in message, message
     assert message.count(procs.HANG_CAUSE) == 1, message
     assert "shared launch failed" in result.failure(), "a second test gets one line, not a copy"
+
+
+def test_a_deadlocking_ring_fails_before_the_deadline_and_leaves_nothing_running(tmp_path):
+    """Lesson 05 with the classic ring bug (blocking sends first): the grade reports it,
+    with the likely cause, before any deadline kills the run, and no process outlives it."""
+    from course.cli import grade_command
+
+    lesson = lessons.get("05")
+    source = lesson.path(REPO_ROOT / "solutions").read_text()
+    old = "        request = dist.isend(send, right) if send.numel() else None\n"
+    assert source.count(old) == 1
+    target = lesson.path(tmp_path / "impl")
+    target.parent.mkdir(parents=True)
+    target.write_text(source.replace(old, old.replace("dist.isend", "dist.send")))
+    args = [*grade_command(["05"], tmp_path / "impl"), "-k", "sums_over_every_rank"]
+    run = procs.run(args, timeout=300, cwd=REPO_ROOT)
+    assert not run.timed_out and run.returncode != 0, run.describe()
+    assert "ring did not finish" in run.output and "dist.isend" in run.output, run.output[-3000:]
+    assert not procs.group_alive(run.pgid), "processes outlived the grade"

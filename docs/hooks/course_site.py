@@ -457,6 +457,21 @@ def render_lesson_card(number: str) -> str:
     )
 
 
+def render_bandwidth_table(path: str, root: Path = ROOT) -> str:
+    """A `python -m course bandwidth` record as a table, with its provenance."""
+    bandwidth = importlib.import_module("course.bandwidth")
+    try:
+        doc = json.loads((root / path).read_text())
+    except (OSError, ValueError) as exc:
+        raise PluginError(f"bandwidth-table: cannot read {path!r}: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("kind") != bandwidth.KIND:
+        raise PluginError(f"bandwidth-table: {path!r} is not a `course bandwidth` record")
+    return (
+        f"{bandwidth.table(doc, markdown=True)}\n\n*Measured {bandwidth.provenance_line(doc)} "
+        f"by `{doc['provenance']['command']}`; record: `{path}`.*\n"
+    )
+
+
 def render_sizes(root: Path = ROOT) -> str:
     """`python -m course sizes` as a table: code lines and changes of every solution."""
     sizes = importlib.import_module("course.sizes")
@@ -514,6 +529,8 @@ def expand(markdown: str, src_uri: str) -> str:
                 return render_lessons_table(page_dir)
             if name == "sizes" and not args:
                 return render_sizes()
+            if name == "bandwidth-table" and len(args) == 1:
+                return render_bandwidth_table(args[0])
             if name == "results-table" and len(args) == 1:
                 return render_results(args[0])
             if name == "bench-table" and len(args) == 1:
@@ -527,6 +544,7 @@ def expand(markdown: str, src_uri: str) -> str:
         except PluginError as exc:
             raise PluginError(f"{src_uri}: {exc}") from exc
         known = {"diff", "grading", "lesson-card", "lessons-table", "results-table", "sizes"}
+        known |= {"bandwidth-table"}
         if name in known | {"bench-table", "bench-plot", "hints", "output"}:
             raise PluginError(f"{src_uri}: malformed directive {m.group(0)!r}")
         return m.group(0)

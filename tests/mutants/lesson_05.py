@@ -1,0 +1,62 @@
+"""Realistic wrong versions of lesson 05 (the ring all-reduce), and an honest different one.
+
+Each entry rewrites the reference solution: `old` must appear exactly once in
+solutions/05_collectives/collectives.py and becomes `new`. A mutant must be rejected
+by the tests whose names contain `caught_by`; an alternative must pass every
+test of the lesson. tests/test_mutants.py applies them.
+"""
+
+FILE = "05_collectives/collectives.py"
+
+MUTANTS = [
+    dict(
+        name="blocking_send_first",
+        why="every rank sends with a blocking dist.send before it receives: they all wait "
+        "for each other forever (the classic ring deadlock)",
+        old="        request = dist.isend(send, right) if send.numel() else None\n",
+        new="        request = dist.send(send, right) if send.numel() else None\n",
+        caught_by="sums_over_every_rank",
+    ),
+    dict(
+        name="received_chunk_overwrites",
+        why="the reduce-scatter stores what it receives instead of adding it",
+        old="        into += received\n",
+        new="        into.copy_(received)\n",
+        caught_by="sums_over_every_rank",
+    ),
+    dict(
+        name="all_gather_passes_the_wrong_chunk",
+        why="the all-gather passes on the chunk it just received one step late",
+        old="exchange(chunks[(rank + 1 - step) % world], chunks[(rank - step) % world])",
+        new="exchange(chunks[(rank - step) % world], chunks[(rank - step - 1) % world])",
+        caught_by="sums_over_every_rank",
+    ),
+    dict(
+        name="one_step_too_few",
+        why="each phase stops after world - 2 steps: with 2 ranks nothing is exchanged",
+        old="    for step in range(world - 1):  # reduce-scatter\n",
+        new="    for step in range(world - 2):  # reduce-scatter\n",
+        caught_by="sums_over_every_rank",
+    ),
+]
+
+ALTERNATIVES = [
+    dict(
+        name="irecv_and_isend_then_wait_both",
+        why="both directions non-blocking, then wait for both (no helper function)",
+        old="""        request = dist.isend(send, right) if send.numel() else None
+        if recv.numel():
+            dist.recv(recv, left)
+        if request is not None:
+            request.wait()
+""",
+        new="""        pending = []
+        if recv.numel():
+            pending.append(dist.irecv(recv, left))
+        if send.numel():
+            pending.append(dist.isend(send, right))
+        for request in pending:
+            request.wait()
+""",
+    ),
+]

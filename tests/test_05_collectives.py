@@ -1,0 +1,118 @@
+"""Grades lesson 05: collectives and a ring all-reduce by hand (lessons/05_collectives/).
+
+The ring is called in gloo ranks that a child process starts (tests/cases/lesson_05.py),
+never in this process: 2, 3 and 4 ranks, on tensors of 1, 5, 1000 and 4099 values
+(fewer values than ranks, chunks of unequal length), then 2 ranks on 4M values (16 MB).
+A ring in which every rank sends before it receives, with blocking sends, waits
+forever at any size (gloo's send waits for the matching receive): it fails when the
+process-group timeout fires, with the likely cause. The inputs are integer-valued floats, so every
+order of summation gives the same bits and the test compares exactly, with no
+tolerance; it computes the expected sums itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from course import lessons, procs
+from course.calls import CaseFailed
+from course.grading import call_lesson
+
+LESSON = lessons.get("05")
+CASES = Path(__file__).with_name("cases") / "lesson_05.py"
+SIZES = (1, 5, 1000, 4099)
+LARGE = 1 << 22
+
+
+def ring_input(world: int, size: int, rank: int) -> torch.Tensor:
+    """The case script's inputs, made again here (a copy of its ring_input)."""
+    gen = torch.Generator().manual_seed(1000 * world + 7 * size + rank)
+    return torch.randint(-1000, 1000, (size,), generator=gen).float()
+
+
+_calls: dict = {}
+
+
+@pytest.fixture
+def calls(impl, tmp_path_factory):
+    if str(impl) not in _calls:
+        _calls[str(impl)] = call_lesson(impl, LESSON, CASES, tmp_path_factory.mktemp("cases"))
+    return _calls[str(impl)]
+
+
+DEADLOCK = (
+    "Likely cause: every rank sends first with a blocking dist.send and waits for its "
+    "neighbour, which is sending too. Start the send with dist.isend, then receive, then "
+    "wait for the send"
+)
+
+
+def check_ring(calls, case: str, world: int, sizes) -> None:
+    try:
+        got = calls.outcome.tensors(case)
+    except CaseFailed as err:
+        hung = "timed out" in str(err).lower()
+        pytest.fail(
+            f"the {world}-rank ring did not finish: {err}\n{DEADLOCK}" if hung else str(err)
+        )
+    for size in sizes:
+        want = sum(ring_input(world, size, rank) for rank in range(world))
+        for rank in range(world):
+            tensor = got.get(f"{size}/{rank}")
+            assert tensor is not None and tensor.shape == want.shape, (
+                f"{world} ranks, {size} values: rank {rank} returned {tensor!r}"
+            )
+            wrong = (tensor != want).nonzero().flatten().tolist()
+            assert not wrong, (
+                f"{world} ranks, {size} values: on rank {rank}, {len(wrong)} of {size} "
+                f"values differ from the sum over the ranks (first at index {wrong[0]}: "
+                f"{tensor[wrong[0]].item():g} instead of {want[wrong[0]].item():g}). Likely "
+                "cause: a chunk index off by one step, a chunk added twice or never, or "
+                "the all-gather writing into the wrong chunk"
+            )
+
+
+@pytest.mark.core
+@pytest.mark.points(3)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_ring_all_reduce_sums_over_every_rank(calls, world):
+    """Every rank ends with the exact sum, for 2, 3 and 4 ranks and uneven lengths."""
+    check_ring(calls, f"ring_{world}", world, SIZES)
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_ring_all_reduce_sums_a_large_tensor(calls):
+    """16 MB over 2 ranks, summed exactly."""
+    check_ring(calls, "ring_large", 2, (LARGE,))
+
+
+@pytest.mark.gpus(2)
+@pytest.mark.points(2)
+def test_ring_all_reduce_on_two_gpus(calls):
+    """The same sums with nccl, on two GPUs."""
+    check_ring(calls, "ring_nccl", 2, SIZES)
+
+
+@pytest.mark.points(1)
+def test_the_tour_prints_every_collective(impl, tmp_path):
+    """`--nproc 2` runs the tour: one line per collective, printed by rank 0 alone."""
+    args = ["--nproc", "2", "--backend", "gloo"]
+    result = procs.python(LESSON.path(impl), *args, timeout=90, cwd=tmp_path)
+    assert result.ok, result.failure()
+    for name in ("broadcast", "all_reduce", "reduce(dst=0)", "all_gather", "reduce_scatter"):
+        lines = [line for line in result.output.splitlines() if line.startswith(name)]
+        assert len(lines) == 1, f"expected one line for {name}, got {lines}\n{result.output}"
+
+
+@pytest.mark.points(1)
+def test_one_rank_is_refused_in_one_line(impl, tmp_path):
+    args = ["--nproc", "1", "--backend", "gloo"]
+    result = procs.python(LESSON.path(impl), *args, timeout=60, cwd=tmp_path)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and "at least 2" in lines[0], (
+        result.describe()
+    )

@@ -1,0 +1,38 @@
+"""course.bandwidth: python -m course bandwidth, the all_reduce bandwidth table and record."""
+
+from __future__ import annotations
+
+import json
+
+from course import REPO_ROOT, bandwidth, procs
+
+
+def test_two_gloo_ranks_write_a_record(tmp_path):
+    out = tmp_path / "bw.json"
+    args = ["--backend", "gloo", "--nproc", "2", "--sizes", "65536", "4096"]
+    args += ["--warmup", "1", "--iters", "2", "--out", str(out)]
+    run = procs.python("-m", "course", "bandwidth", *args, timeout=120, cwd=REPO_ROOT)
+    assert run.ok, run.failure()
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == bandwidth.KIND
+    assert [r["bytes"] for r in doc["rows"]] == [4096, 65536]  # sorted
+    for row in doc["rows"]:
+        assert row["time_us"] > 0
+        assert abs(row["algbw_gb_s"] - row["bytes"] / (row["time_us"] * 1e-6) / 1e9) < 1e-9
+        assert abs(row["busbw_gb_s"] - row["algbw_gb_s"]) < 1e-12  # 2 (n - 1) / n = 1 for n = 2
+    p = doc["provenance"]
+    assert (p["backend"], p["ranks"], p["device"]) == ("gloo", 2, "CPU")
+    assert p["command"].startswith("python -m course bandwidth --backend gloo")
+    assert "64 KiB" in run.output and "busbw" in run.output
+
+
+def test_one_rank_is_a_one_line_error():
+    run = procs.python("-m", "course", "bandwidth", "--nproc", "1", timeout=60, cwd=REPO_ROOT)
+    lines = [line for line in run.output.splitlines() if line.strip()]
+    assert run.returncode == 2 and len(lines) == 1 and "at least 2" in lines[0], run.describe()
+
+
+def test_table_formats():
+    doc = {"rows": [{"bytes": 1 << 20, "time_us": 500.0, "algbw_gb_s": 2.0, "busbw_gb_s": 3.0}]}
+    assert "| 1 MiB | 500.0 | 2.000 | 3.000 |" in bandwidth.table(doc, markdown=True)
+    assert bandwidth.table(doc).splitlines()[1].split() == ["1", "MiB", "500.0", "2.000", "3.000"]
