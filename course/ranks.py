@@ -95,12 +95,14 @@ def process_group_timeout() -> timedelta:
     return timedelta(seconds=float(os.environ.get("COURSE_PG_TIMEOUT", "120")))
 
 
-def require_torchrun() -> None:
-    """A one-line error when a torchrun lesson is started without torchrun, and a
-    warning (rank 0) when restarts may fail to reconnect."""
+def require_torchrun(backend: str | None = None) -> str:
+    """The backend for a torchrun lesson (as backend_and_world_size chooses it); a
+    one-line error when started without torchrun, and a warning (rank 0) when
+    restarts may fail to reconnect."""
     if "LOCAL_RANK" not in os.environ:
         raise ValueError("start me with torchrun: torchrun --standalone --nproc_per_node=2 ...")
     if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1" and os.environ["RANK"] == "0":
         # torchrun's shared store can hand a restarted group the old attempt's
         # addresses (pytorch/pytorch#135712, #167288): restarts then fail to connect.
         print("warning: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for reliable restarts")
+    return backend_and_world_size(backend, 1)[0]

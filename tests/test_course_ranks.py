@@ -39,6 +39,8 @@ def test_backend_and_world_size_without_gpus(monkeypatch):
 
 
 def test_require_torchrun(monkeypatch, capsys):
+    import torch
+
     from course import ranks
 
     monkeypatch.delenv("LOCAL_RANK", raising=False)
@@ -47,7 +49,8 @@ def test_require_torchrun(monkeypatch, capsys):
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
-    ranks.require_torchrun()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert ranks.require_torchrun() == "gloo"
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in capsys.readouterr().out
 
 

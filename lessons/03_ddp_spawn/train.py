@@ -191,6 +191,7 @@ def worker(rank: int, world_size: int, backend: str, args) -> None:
     device = setup(rank, world_size, backend)
     try:
         train(rank, world_size, device, args)
+        dist.barrier()  # leave together: gloo can abort a rank that tears down alone
     finally:  # also on error: leave no half-open connections behind
         dist.destroy_process_group()
 
@@ -202,7 +203,7 @@ def main(argv=None) -> None:
     # TODO: start world_size processes that find each other at rank 0's address and port,
     # read from the environment they inherit. The port must be free: a fixed number
     # collides as soon as two jobs share a machine.
-    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:205 is not done yet")
+    raise NotImplementedError("TODO at 03_ddp_spawn/train.py:206 is not done yet")
 
 
 # --8<-- [end:spawn]

@@ -245,6 +245,7 @@ def worker(rank: int, world_size: int, backend: str, args) -> None:
     device = setup(rank, world_size, backend)
     try:
         train(rank, world_size, device, args)
+        dist.barrier()  # leave together: gloo can abort a rank that tears down alone
     finally:  # also on error: leave no half-open connections behind
         dist.destroy_process_group()
 

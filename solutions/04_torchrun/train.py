@@ -261,8 +261,7 @@ def train(rank: int, world_size: int, device: torch.device, args) -> dict | None
 @record  # a rank that dies of an exception: torchrun's failure report shows its traceback
 def main(argv=None) -> None:
     args = parse_args(argv)
-    ranks.require_torchrun()  # a clear error without torchrun; a warning about restarts
-    backend, _ = ranks.backend_and_world_size(args.backend, 1)
+    backend = ranks.require_torchrun(args.backend)  # a clear error without torchrun
     rank, world_size, device = setup(backend)
     if rank != 0:  # one voice: rank 0 prints, the others work (their errors still show)
         sys.stdout = open(os.devnull, "w")
@@ -272,6 +271,7 @@ def main(argv=None) -> None:
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     try:
         train(rank, world_size, device, args)
+        dist.barrier()  # leave together: gloo can abort a rank that tears down alone
     finally:  # also on error: leave no half-open connections behind
         dist.destroy_process_group()
 
