@@ -18,7 +18,7 @@ Where to add a helper:
   probes (inside every     probes      installs the ones the environment arms:
   launched process)                    write_log, batches, replicas, rank_logs,
                                        chaos, step_clock
-  tools                    cli, hints, record, bench, sizes, release,
+  tools                    cli, hints, record, bench, bandwidth, sizes, release,
                            lessons (the registry), procs (processes, deadlines)
 """
 
