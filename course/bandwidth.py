@@ -40,16 +40,7 @@ def _rank(rank, world, backend, port, sizes, warmup, iters, out) -> None:
 
     from course import ranks
 
-    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=ranks.process_group_timeout(),
-    )
+    device = ranks.join_local(rank, world, backend, port)
     torch.set_num_threads(ranks.cpu_share(world))
     try:
         seconds = {}

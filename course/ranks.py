@@ -71,6 +71,25 @@ def backend_and_world_size(backend: str | None, nproc: int | None, sync_bn: bool
     return backend, world_size
 
 
+def join_local(rank: int, world: int, backend: str, port: int):
+    """For the course's own tools (not the lessons, which write this themselves): join a
+    one-machine group of `world` ranks at 127.0.0.1:`port`; returns this rank's device."""
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=process_group_timeout(),
+    )
+    return device
+
+
 def mean_over_ranks(mean: float, count: int) -> tuple[float, int]:
     """(the mean over every rank's examples, their total count), from each rank's own
     mean and count: the ranks' sums and counts are all-reduced."""

@@ -32,16 +32,7 @@ def ring_input(world: int, size: int, rank: int) -> torch.Tensor:
 def _rank(rank, world, port, lesson_file, out, sizes, backend="gloo") -> None:
     from course import loader
 
-    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=ranks.process_group_timeout(),
-    )
+    device = ranks.join_local(rank, world, backend, port)
     try:
         lesson = loader.load(Path(lesson_file), requires=("ring_all_reduce",))
         results = {}
