@@ -96,6 +96,15 @@ LESSONS: tuple[Lesson, ...] = (
         launcher="spawn",
         summary="What broadcast, all_reduce, all_gather, reduce_scatter do; an all-reduce by hand.",
     ),
+    Lesson(
+        number="06",
+        slug="06_ddp_from_scratch",
+        title="DDP from scratch",
+        level="core",
+        script="mini_ddp.py",
+        launcher="spawn",
+        summary="MiniDDP: one broadcast, then hooks that all-reduce buckets during backward.",
+    ),
 )
 
 

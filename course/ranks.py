@@ -72,8 +72,9 @@ def backend_and_world_size(backend: str | None, nproc: int | None, sync_bn: bool
 
 
 def join_local(rank: int, world: int, backend: str, port: int):
-    """For the course's own tools (not the lessons, which write this themselves): join a
-    one-machine group of `world` ranks at 127.0.0.1:`port`; returns this rank's device."""
+    """Join a one-machine group of `world` ranks at 127.0.0.1:`port`; returns this rank's
+    device. For the course's own tools, and for the lessons after 03 (whose setup() teaches
+    these calls: choose the GPU, then join)."""
     import torch
     import torch.distributed as dist
 
