@@ -127,15 +127,19 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def table(doc: dict, markdown: bool = False) -> str:
+def table(doc: dict, markdown: bool = False, limit_gb_s: float | None = None) -> str:
+    """The rows; with `limit_gb_s` (a link's rated speed, per direction), the bus
+    bandwidth's share of it too."""
     head = ["size", "time (us, median)", "algbw (GB/s)", "busbw (GB/s)"]
+    head += [f"busbw / {limit_gb_s:g} GB/s"] if limit_gb_s else []
     rows = [
         [_size(r["bytes"]), f"{r['time_us']:,.1f}", f"{r['algbw_gb_s']:.3f}"]
         + [f"{r['busbw_gb_s']:.3f}"]
+        + ([f"{r['busbw_gb_s'] / limit_gb_s:.0%}"] if limit_gb_s else [])
         for r in doc["rows"]
     ]
     if markdown:
-        lines = ["| " + " | ".join(head) + " |", "| --- | ---: | ---: | ---: |"]
+        lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
         return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
     fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731

@@ -14,6 +14,9 @@ GPU, so the model is measured and not the input pipeline):
     02  DataParallel, tuned   the same with --cudnn-benchmark (cuDNN's autotuner)
     03  DDP, mp.spawn         python 03_ddp_spawn/train.py --nproc N --backend nccl
     04  DDP, torchrun         torchrun --standalone --nproc_per_node=N 04_torchrun/train.py
+    06  torch DDP / MiniDDP   python 06_ddp_from_scratch/mini_ddp.py --nproc N --wrapper torch
+                              (and --wrapper mini, with 25 MB buckets and with one per tensor);
+                              "step / DDP's" is MiniDDP's step time over DDP's in that loop
 
 The processes run with the caller's environment, not the grader's one-thread
 settings, so a lesson that oversubscribes the CPU shows it. Their optimizer
@@ -113,6 +116,18 @@ def plan(
         rows.append(Row("03", "03", "DDP, mp.spawn", n, spawn, **timing))
     if "04" in chosen:
         rows.append(Row("04", "04", "DDP, torchrun", n, ["--backend", settings.backend], **timing))
+    if "06" in chosen:  # one training loop, three wrappers: only the gradient sync differs
+        spawn = ["--nproc", str(n), "--backend", settings.backend]
+        for key, label, extra in (
+            ("06-torch", "torch DDP, 06's loop", ["--wrapper", "torch"]),
+            ("06-mini", "MiniDDP, 25 MB buckets", ["--wrapper", "mini"]),
+            (
+                "06-mini-each",
+                "MiniDDP, one per tensor",
+                ["--wrapper", "mini", "--bucket-cap-mb", "0"],
+            ),
+        ):
+            rows.append(Row(key, "06", label, n, [*spawn, *extra], **timing))
     return rows
 
 
@@ -254,12 +269,16 @@ def provenance(argv: list[str], settings: Settings) -> dict:
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """Speed-up and efficiency of every row against lesson 01 (one device), in place."""
+    """Speed-up and efficiency of every row against lesson 01 (one device), in place;
+    lesson 06's rows also get their step time over torch DDP's in the same loop."""
     base = next((r["samples_per_s"] for r in rows if r["key"] == "01" and r["ok"]), None)
+    ddp = next((r["step_ms"] for r in rows if r["key"] == "06-torch" and r["ok"]), None)
     for r in rows:
         if base and r["ok"]:
             r["speedup"] = round(r["samples_per_s"] / base, 3)
             r["efficiency"] = round(r["samples_per_s"] / (r["world_size"] * base), 3)
+        if ddp and r["ok"] and r["lesson"] == "06":
+            r["step_vs_ddp"] = round(r["step_ms"] / ddp, 3)
 
 
 def title(doc: dict) -> str:
@@ -277,14 +296,21 @@ def table(doc: dict, markdown: bool = False) -> str:
     """The rows as a text table (for the terminal) or a Markdown table (for the site)."""
     ranks = "GPUs" if doc["settings"]["device"] == "cuda" else "ranks"
     head = ["lesson", "mode", ranks, "global batch", "img/s", "speed-up", "efficiency", "step ms"]
+    versus = any("step_vs_ddp" in r for r in doc["rows"])  # lesson 06: MiniDDP against DDP
     lines = []
     for r in doc["rows"]:
         cells = [r["lesson"], r["mode"], str(r["world_size"]), str(r["global_batch"])]
         if not r["ok"]:
             lines.append([*cells, "failed", "", "", ""])
-            continue
-        ratio = [f"{r['speedup']:.2f}", f"{r['efficiency']:.2f}"] if "speedup" in r else ["", ""]
-        lines.append([*cells, f"{r['samples_per_s']:,.0f}", *ratio, f"{r['step_ms']:.1f}"])
+        else:
+            ratio = ["", ""]
+            if "speedup" in r:
+                ratio = [f"{r['speedup']:.2f}", f"{r['efficiency']:.2f}"]
+            lines.append([*cells, f"{r['samples_per_s']:,.0f}", *ratio, f"{r['step_ms']:.1f}"])
+        if versus:  # right after the mode: the column lesson 06's table is about
+            lines[-1].insert(2, f"{r['step_vs_ddp']:.3f}" if "step_vs_ddp" in r else "")
+    if versus:
+        head.insert(2, "step / DDP's")
     if markdown:
         rule = "|---|---|" + "--:|" * (len(head) - 2)
         rows = ["| " + " | ".join(cells) + " |" for cells in [head, *lines]]
@@ -393,7 +419,10 @@ def parser(prog: str = "python -m course bench") -> argparse.ArgumentParser:
     p = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--impl", default="solutions", help="solutions (default), lessons or a folder")
     p.add_argument(
-        "--lessons", nargs="+", default=["01", "02", "03", "04"], help="which rows (default: all)"
+        "--lessons",
+        nargs="+",
+        default=["01", "02", "03", "04", "06"],
+        help="which rows (default: all)",
     )
     p.add_argument("--model", help="default resnet50 on GPUs, cnn on the CPU")
     p.add_argument("--image-size", type=positive_int, help="default 224 for resnet50, else 32")

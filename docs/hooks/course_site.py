@@ -16,6 +16,9 @@ and it is left alone inside a fenced code block:
     The whole course path from the registry, linked to each lesson page.
 ``<!-- results-table: docs/results/FOLDER -->``
     One row per JSON record of measurements in that folder.
+``<!-- bandwidth-table: docs/results/FOLDER/FILE.json [LIMIT] -->``
+    A ``python -m course bandwidth`` record; LIMIT (GB/s per direction, a link's
+    rated speed that the page sources) adds the bus bandwidth's share of it.
 ``<!-- bench-table: docs/results/FOLDER/FILE.json -->``
     A ``python -m course bench`` record: its table, provenance and commands.
 ``<!-- hints: NN -->``
@@ -457,8 +460,9 @@ def render_lesson_card(number: str) -> str:
     )
 
 
-def render_bandwidth_table(path: str, root: Path = ROOT) -> str:
-    """A `python -m course bandwidth` record as a table, with its provenance."""
+def render_bandwidth_table(path: str, limit: str | None = None, root: Path = ROOT) -> str:
+    """A `python -m course bandwidth` record as a table, with its provenance; `limit`:
+    the link's rated GB/s per direction, which the page names and sources."""
     bandwidth = importlib.import_module("course.bandwidth")
     try:
         doc = json.loads((root / path).read_text())
@@ -466,8 +470,13 @@ def render_bandwidth_table(path: str, root: Path = ROOT) -> str:
         raise PluginError(f"bandwidth-table: cannot read {path!r}: {exc}") from exc
     if not isinstance(doc, dict) or doc.get("kind") != bandwidth.KIND:
         raise PluginError(f"bandwidth-table: {path!r} is not a `course bandwidth` record")
+    try:
+        rated = float(limit) if limit else None
+    except ValueError:
+        raise PluginError(f"bandwidth-table: limit {limit!r} is not a number (GB/s)") from None
     return (
-        f"{bandwidth.table(doc, markdown=True)}\n\n*Measured {bandwidth.provenance_line(doc)} "
+        f"{bandwidth.table(doc, True, rated)}\n\n"
+        f"*Measured {bandwidth.provenance_line(doc)} "
         f"by `{doc['provenance']['command']}`; record: `{path}`.*\n"
     )
 
@@ -529,8 +538,8 @@ def expand(markdown: str, src_uri: str) -> str:
                 return render_lessons_table(page_dir)
             if name == "sizes" and not args:
                 return render_sizes()
-            if name == "bandwidth-table" and len(args) == 1:
-                return render_bandwidth_table(args[0])
+            if name == "bandwidth-table" and len(args) in (1, 2):
+                return render_bandwidth_table(*args)
             if name == "results-table" and len(args) == 1:
                 return render_results(args[0])
             if name == "bench-table" and len(args) == 1:
