@@ -36,3 +36,10 @@ def test_table_formats():
     doc = {"rows": [{"bytes": 1 << 20, "time_us": 500.0, "algbw_gb_s": 2.0, "busbw_gb_s": 3.0}]}
     assert "| 1 MiB | 500.0 | 2.000 | 3.000 |" in bandwidth.table(doc, markdown=True)
     assert bandwidth.table(doc).splitlines()[1].split() == ["1", "MiB", "500.0", "2.000", "3.000"]
+
+
+def test_table_against_a_rated_limit():
+    doc = {"rows": [{"bytes": 1 << 30, "time_us": 5.0, "algbw_gb_s": 300.0, "busbw_gb_s": 300.0}]}
+    markdown = bandwidth.table(doc, markdown=True, limit_gb_s=450)
+    assert "busbw / 450 GB/s" in markdown and "| 67% |" in markdown
+    assert bandwidth.table(doc, limit_gb_s=450).splitlines()[1].split()[-1] == "67%"

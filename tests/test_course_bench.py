@@ -49,6 +49,33 @@ def test_ratios_are_against_one_device():
     assert "efficiency" not in rows[2]
 
 
+def test_lesson_06_rows_compare_step_times_with_torch_ddp():
+    """Lesson 06's three launches, and each one's step time over DDP's in the same run."""
+    settings = bench.Settings("cuda", 2, "resnet50", 224, 128, "off", False)
+    rows = bench.plan(settings, ["06"], window=10, warmup=2, windows=5)
+    assert [r.key for r in rows] == ["06-torch", "06-mini", "06-mini-each"]
+    assert all("--nproc" in r.extra and "--wrapper" in r.extra for r in rows)
+    assert rows[2].extra[-2:] == ["--bucket-cap-mb", "0"]
+    records = [
+        {"key": "01", "lesson": "01", "ok": True, "samples_per_s": 100.0, "step_ms": 10.0},
+        {"key": "06-torch", "lesson": "06", "ok": True, "samples_per_s": 190.0, "step_ms": 20.0},
+        {"key": "06-mini", "lesson": "06", "ok": True, "samples_per_s": 180.0, "step_ms": 21.0},
+        {"key": "06-mini-each", "lesson": "06", "ok": False},
+    ]
+    for r, world in zip(records, (1, 2, 2, 2), strict=True):
+        r.update(mode=r["key"], world_size=world, global_batch=8 * world)
+    bench.add_ratios(records)
+    assert records[1]["step_vs_ddp"] == 1.0 and records[2]["step_vs_ddp"] == 1.05
+    assert "step_vs_ddp" not in records[0] and "step_vs_ddp" not in records[3]
+    text = bench.table({"settings": {"device": "cuda"}, "rows": records})
+    head, *lines = text.splitlines()
+    assert head.split()[2:5] == ["step", "/", "DDP's"]
+    assert "1.050" in lines[2] and "failed" in lines[3]
+    markdown = bench.table({"settings": {"device": "cuda"}, "rows": records}, markdown=True)
+    widths = {line.count("|") for line in markdown.splitlines()}
+    assert len(widths) == 1, markdown  # every row has every column
+
+
 def test_cpu_bench_times_the_lessons_and_writes_a_record_and_a_plot(tmp_path):
     out = tmp_path / "bench.json"
     args = ["--lessons", "01", "03", "04", "--window", "2", "--warmup", "1", "--windows", "2"]
@@ -99,8 +126,9 @@ def test_published_records_are_complete_and_consistent(path: Path):
         assert doc["provenance"].get(key), f"{path.name}: provenance lacks {key}"
     rows = [dict(r) for r in doc["rows"]]
     for r in rows:
-        r.pop("speedup", None), r.pop("efficiency", None)
+        r.pop("speedup", None), r.pop("efficiency", None), r.pop("step_vs_ddp", None)
     bench.add_ratios(rows)
     for stored, computed in zip(doc["rows"], rows, strict=True):
         assert stored.get("efficiency") == computed.get("efficiency"), stored["mode"]
+        assert stored.get("step_vs_ddp") == computed.get("step_vs_ddp"), stored["mode"]
     assert bench.plot([doc])[:4] == b"\x89PNG"

@@ -28,3 +28,17 @@ def test_no_metrics_file_unless_asked(tmp_path, capsys):
     args = argparse.Namespace(data="digits", model="cnn", epochs=1, metrics_out=None)
     assert RunLog(args).finish(0.5, 0)["images_per_second"] == 0.0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_evaluate_counts_loss_and_accuracy():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from course.metrics import evaluate
+
+    x = torch.eye(4)
+    y = torch.tensor([0, 1, 2, 0])  # the identity "model" is right on the first three
+    loss, accuracy = evaluate(torch.nn.Identity(), DataLoader(TensorDataset(x, y), 3), "cpu")
+    assert accuracy == 0.75
+    want = torch.nn.functional.cross_entropy(x, y).item()
+    assert abs(loss - want) < 1e-6

@@ -50,3 +50,10 @@ def test_steps_left():
     assert options.steps_left(parse(), 10) is None
     args = parse("--max-steps", "12")
     assert [options.steps_left(args, s) for s in (0, 10, 12, 20)] == [12, 2, 0, 0]
+
+
+def test_non_negative_float():
+    assert options.non_negative_float("0") == 0.0 and options.non_negative_float("2.5") == 2.5
+    for bad in ("-1", "nan"):
+        with pytest.raises(Exception, match="must be 0 or more"):
+            options.non_negative_float(bad)

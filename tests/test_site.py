@@ -245,6 +245,16 @@ def test_diff_directive_renders_and_fails_clearly(tmp_path):
         hook.expand("<!-- diff: a.py -->\n", "page.md")
 
 
+def test_bandwidth_directive_with_and_without_a_rated_limit():
+    record = "docs/results/05_allreduce/2xh200-nccl.json"
+    plain = hook.render_bandwidth_table(record)
+    assert "busbw (GB/s)" in plain and "GB/s |" not in plain.splitlines()[0].split("busbw")[-1]
+    rated = hook.render_bandwidth_table(record, "450")
+    assert "busbw / 450 GB/s" in rated.splitlines()[0] and "%" in rated.splitlines()[2]
+    with pytest.raises(hook.PluginError, match="limit 'fast' is not a number"):
+        hook.render_bandwidth_table(record, "fast")
+
+
 def test_results_table_from_json_records(tmp_path):
     folder = tmp_path / "runs"
     folder.mkdir()
