@@ -6,7 +6,7 @@ python -m course run 03 --nproc 2 --backend gloo -- --max-steps 20
 python -m course run 04 --nproc 2 --max-restarts 1 -- --snapshot runs/04/snap.pt
 python -m course grade 00 01               # grade your lessons, print the table
 python -m course grade --impl path/to/submission --grade-json results.json
-python -m course bench [--amp bf16 --channels-last]   # time lessons 01-04 side by side
+python -m course bench [--amp bf16 --channels-last]   # time lessons 01-04, 06 side by side
 python -m course hint 03 [2]               # hint 2 of your next unsolved TODO in lesson 03
 python -m course doctor                    # the reference environment report
 python -m course release [--check]         # regenerate lessons/ from solutions/
