@@ -105,6 +105,15 @@ LESSONS: tuple[Lesson, ...] = (
         launcher="spawn",
         summary="MiniDDP: one broadcast, then hooks that all-reduce buckets during backward.",
     ),
+    Lesson(
+        number="07",
+        slug="07_multinode",
+        title="More than one machine",
+        level="advanced",
+        script="launch.py",
+        launcher="python",
+        summary="One launcher per node, a c10d rendezvous at node 0, and a fast, clear failure.",
+    ),
 )
 
 

@@ -69,15 +69,16 @@ def gpu_ids(device: torch.device, gpus: int | None) -> list[int]:
 def exit_with_one_line(main, argv=None, prog: str | None = None) -> int:
     """Run main(argv); turn the errors a user can fix into `prog: error: ...` and exit code 2.
 
-    Bugs (any other exception) still show their traceback: that is for the author.
+    main's return value, when it is an int, is the exit code (a launcher passes on its
+    child's). Bugs (any other exception) still show their traceback: that is for the author.
     """
     prog = prog or Path(sys.argv[0]).name
     try:
-        main(argv)
-    except (FileNotFoundError, ValueError) as err:
+        code = main(argv)
+    except (FileNotFoundError, ValueError, ConnectionError) as err:
         print(f"{prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return code if isinstance(code, int) else 0

@@ -39,6 +39,15 @@ def test_exit_with_one_line(capsys):
     assert train_utils.exit_with_one_line(main, [], prog="train.py") == 2
     assert capsys.readouterr().err == "train.py: error: --data x: no such folder\n"
 
+    def unreachable(argv):
+        raise ConnectionError("cannot reach 10.0.0.1:29400")
+
+    assert train_utils.exit_with_one_line(unreachable, [], prog="launch.py") == 2
+    assert capsys.readouterr().err == "launch.py: error: cannot reach 10.0.0.1:29400\n"
+    # main's own exit code (a launcher passing on its child's) comes through; None is 0
+    assert train_utils.exit_with_one_line(lambda argv: 3, []) == 3
+    assert train_utils.exit_with_one_line(lambda argv: None, []) == 0
+
 
 def test_gpu_ids_for_data_parallel(monkeypatch):
     cpu = torch.device("cpu")

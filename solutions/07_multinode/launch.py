@@ -1,0 +1,136 @@
+"""Lesson 07 - more than one machine: one launcher per node, meeting at node 0's rendezvous.
+
+Run it, one line per node (here two shells on one machine; on two machines use node 0's
+address instead of 127.0.0.1, the same on both):
+    python lessons/07_multinode/launch.py --nnodes 2 --node-rank 0 --endpoint 127.0.0.1:29400 \\
+        -- lessons/04_torchrun/train.py --backend gloo --epochs 1
+    python lessons/07_multinode/launch.py --nnodes 2 --node-rank 1 --endpoint 127.0.0.1:29400 \\
+        -- lessons/04_torchrun/train.py --backend gloo --epochs 1
+    python -m course grade 07                                          # grade your version
+"""
+
+import shlex
+import socket
+import subprocess
+import sys
+import time
+
+from course import options
+from course.train_utils import exit_with_one_line
+
+
+def parse_args(argv=None):
+    p = options.ArgumentParser(prog="launch.py", description=__doc__.splitlines()[0])
+    p.add_argument("--nnodes", type=options.positive_int, default=1, help="machines in the job")
+    p.add_argument("--node-rank", type=options.non_negative_int, default=0, help="0: the host")
+    p.add_argument("--nproc-per-node", type=options.positive_int, default=1, help="e.g. GPUs")
+    p.add_argument("--endpoint", default="127.0.0.1:29400", help="node 0's HOST:PORT")
+    p.add_argument("--job-id", default="course", help="the same on every node of one job")
+    p.add_argument(
+        "--connect-timeout", type=options.positive_float, default=60.0,
+        help="seconds a node waits for node 0's endpoint to answer",
+    )  # fmt: skip
+    p.add_argument("--max-restarts", type=options.non_negative_int, default=0)
+    p.add_argument("--dry-run", action="store_true", help="print the torchrun command, run nothing")
+    p.add_argument("script", help="the training script torchrun starts on every process")
+    p.add_argument("script_args", nargs="*", help="its arguments (after --)")
+    args = p.parse_args(argv)
+    if args.node_rank >= args.nnodes:
+        p.error(f"--node-rank {args.node_rank}: must be below --nnodes {args.nnodes}")
+    try:
+        args.host, args.port = split_endpoint(args.endpoint)
+    except ValueError as err:
+        p.error(str(err))
+    return args
+
+
+# --8<-- [start:endpoint]
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """'host:port' or '[ipv6]:port' -> (host, port); ValueError, in one line, for anything else."""
+    host, sep, port = endpoint.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--endpoint {endpoint}: expected HOST:PORT, e.g. 10.0.0.1:29400")
+    return host, int(port)
+
+
+def wait_for_endpoint(host: str, port: int, timeout: float) -> float:
+    """Wait until something accepts TCP connections at host:port; returns the seconds waited.
+
+    Raises ConnectionError after `timeout` seconds with the likely causes, instead of
+    letting torchrun wait for a rendezvous that cannot happen."""
+    start = time.monotonic()
+    # TODO: try to open a TCP connection to host:port until one succeeds (node 0 may start
+    # a little later than this node), and give up after `timeout` seconds with a
+    # ConnectionError that names the endpoint and the likely causes. Without it, a node
+    # with a wrong address waits in torchrun for many minutes and says nothing useful.
+    # HINT 1: Connect, close at once, and return; on an OSError (refused, unreachable,
+    #   unknown host, timed out), sleep a moment and try again while time is left.
+    # HINT 2: socket.create_connection((host, port), timeout=...) raises OSError on
+    #   failure; use it in a `with` block. time.monotonic() measures the time waited.
+    # HINT 3: raise ConnectionError(f"cannot reach node 0's rendezvous at {host}:{port}
+    #   after {timeout:g} s: ...") naming a wrong --endpoint, a firewall, or node 0 not
+    #   started.
+    ### BEGIN SOLUTION
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(5.0, timeout)):
+                return time.monotonic() - start
+        except OSError as err:
+            if time.monotonic() - start >= timeout:
+                raise ConnectionError(
+                    f"cannot reach node 0's rendezvous at {host}:{port} after {timeout:g} s "
+                    f"({err.strerror or err}): check --endpoint (node 0's address, reachable "
+                    "from here), the firewall (this TCP port must be open), and that node 0's "
+                    "launcher is running"
+                ) from None
+            time.sleep(0.5)
+    ### END SOLUTION
+
+
+# --8<-- [end:endpoint]
+
+
+# --8<-- [start:command]
+def torchrun_command(args) -> list[str]:
+    """The torchrun command line that starts this node's share of the job."""
+    # TODO: the torchrun command for this node: --nnodes, --nproc-per-node, a c10d
+    # rendezvous at --endpoint under --job-id, --max-restarts, then the script and its
+    # arguments. Every node runs the same command; only where it runs differs.
+    # HINT 1: sys.executable -m torch.distributed.run is torchrun (the same Python
+    #   as this launcher). The rendezvous flags are --rdzv_backend, --rdzv_endpoint and
+    #   --rdzv_id; c10d keeps the rendezvous in node 0's TCP store at the endpoint.
+    # HINT 2: [sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nnodes}",
+    #   f"--nproc_per_node={args.nproc_per_node}", "--rdzv_backend=c10d",
+    #   f"--rdzv_endpoint={args.endpoint}", f"--rdzv_id={args.job_id}",
+    #   f"--max_restarts={args.max_restarts}", args.script, *args.script_args].
+    ### BEGIN SOLUTION
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={args.nnodes}", f"--nproc_per_node={args.nproc_per_node}",
+        "--rdzv_backend=c10d", f"--rdzv_endpoint={args.endpoint}", f"--rdzv_id={args.job_id}",
+        f"--max_restarts={args.max_restarts}", args.script, *args.script_args,
+    ]  # fmt: skip
+    ### END SOLUTION
+
+
+# --8<-- [end:command]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.dry_run:
+        print(shlex.join(torchrun_command(args)))
+        return 0
+    if args.node_rank > 0:  # node 0 hosts the rendezvous; the others check they can reach it
+        waited = wait_for_endpoint(args.host, args.port, args.connect_timeout)
+        print(f"node {args.node_rank}: {args.endpoint} answered after {waited:.1f} s")
+    command = torchrun_command(args)
+    print(f"node {args.node_rank} of {args.nnodes}: {shlex.join(command)}", flush=True)
+    # torchrun's exit code is the job's: 0 only if every process of this node succeeded.
+    return subprocess.call(command)
+
+
+if __name__ == "__main__":
+    # A wrong flag or an unreachable endpoint prints one line and exits 2.
+    sys.exit(exit_with_one_line(main))

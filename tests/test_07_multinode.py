@@ -1,0 +1,162 @@
+"""Grades lesson 07: a launcher per node (lessons/07_multinode/launch.py).
+
+The grader's job (tests/cases/lesson_07_job.py) is started through the student's launcher,
+never imported here. Launches, started together and shared by the tests (once per
+backend):
+- two: two launchers on this machine act as two nodes of one process each, meeting at a
+  c10d rendezvous on loopback. Node 1's launcher starts STAGGER seconds before node 0's,
+  as happens on real machines: it must wait for node 0, not give up. With nccl each
+  "node" sees one GPU of its own (CUDA_VISIBLE_DEVICES), as two machines would.
+- one: one launcher with 2 processes, the same job.
+- wrong: node 1 alone, pointed at a port where nothing listens, with --connect-timeout 5.
+The job records what torchrun told every process and trains 5 DDP steps; both jobs see the
+same 2 ranks and the same data, so their weights must be identical.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from course import lessons, procs
+from course.ranks import free_port
+
+LESSON = lessons.get("07")
+JOB = Path(__file__).with_name("cases") / "lesson_07_job.py"
+STAGGER = 2.0  # seconds node 1's launcher runs before node 0's
+WRONG_TIMEOUT = 5  # --connect-timeout of the wrong-endpoint launch
+WRONG_LIMIT = WRONG_TIMEOUT + 25  # the launch must have ended by then (start-up included)
+
+_runs: dict = {}
+
+
+def launcher(impl, *args, delay: float = 0.0) -> list[str]:
+    start = [sys.executable, str(LESSON.path(impl))]
+    if delay:  # the same launcher, started `delay` seconds later
+        code = (
+            "import os, sys, time; time.sleep(float(sys.argv[1])); "
+            "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
+        )
+        start = [sys.executable, "-c", code, str(delay), str(LESSON.path(impl))]
+    return [*start, *map(str, args)]
+
+
+@pytest.fixture
+def runs(impl, backend, tmp_path_factory):
+    if backend not in _runs:
+        folders = {
+            name: tmp_path_factory.mktemp(f"{name}-{backend}") for name in ("two", "one", "wrong")
+        }
+        jobs = {}
+        endpoint = f"127.0.0.1:{free_port()}"
+        for node in (0, 1):
+            args = ["--nnodes", 2, "--node-rank", node, "--endpoint", endpoint, "--job-id", "two"]
+            args += ["--", JOB, folders["two"], backend]
+            gpu = {"CUDA_VISIBLE_DEVICES": str(node)} if backend == "nccl" else {}
+            delay = STAGGER if node == 0 else 0.0
+            jobs[f"node{node}"] = dict(
+                args=launcher(impl, *args, delay=delay), timeout=120, cwd=folders["two"], env=gpu
+            )
+        args = ["--nproc-per-node", 2, "--endpoint", f"127.0.0.1:{free_port()}", "--job-id", "one"]
+        jobs["one"] = dict(
+            args=launcher(impl, *args, "--", JOB, folders["one"], backend),
+            timeout=120,
+            cwd=folders["one"],
+        )
+        args = ["--nnodes", 2, "--node-rank", 1, "--endpoint", f"127.0.0.1:{free_port()}"]
+        args += ["--connect-timeout", WRONG_TIMEOUT, "--", JOB, folders["wrong"], backend]
+        jobs["wrong"] = dict(args=launcher(impl, *args), timeout=WRONG_LIMIT, cwd=folders["wrong"])
+        _runs[backend] = (procs.run_all(jobs), folders)
+    return _runs[backend]
+
+
+def ranks_seen(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))]
+
+
+def finished(runs, *names):
+    results, folders = runs
+    for name in names:
+        if not results[name].ok:
+            pytest.fail(f"launch {name}: {results[name].failure()}", pytrace=False)
+    return folders
+
+
+@pytest.mark.core
+@pytest.mark.points(3)
+def test_two_launchers_make_one_job_of_two_ranks(runs, backend):
+    """Two launchers, one process each: world size 2, ranks 0 and 1, LOCAL_RANK 0 on both."""
+    folders = finished(runs, "node0", "node1")
+    seen = ranks_seen(folders["two"])
+    summary = [{k: r[k] for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")} for r in seen]
+    assert len(seen) == 2 and all(r["WORLD_SIZE"] == 2 for r in seen), (
+        f"expected 2 processes in one job of world size 2, saw {summary}. Likely cause: the "
+        "torchrun command does not pass --nnodes, or the two nodes use different --rdzv_id "
+        "or --rdzv_endpoint and form two jobs"
+    )
+    assert sorted(r["RANK"] for r in seen) == [0, 1], summary
+    assert sorted(r["GROUP_RANK"] for r in seen) == [0, 1], (
+        f"expected one process on each of 2 nodes (GROUP_RANK 0 and 1), saw {summary}"
+    )
+    assert all(r["LOCAL_RANK"] == 0 and r["LOCAL_WORLD_SIZE"] == 1 for r in seen), (
+        f"each node runs one process, so LOCAL_RANK is 0 on both while RANK is 0 and 1; "
+        f"saw {summary}. Likely cause: --nproc_per_node is not 1 (--nproc-per-node)"
+    )
+    one = ranks_seen(finished(runs, "one")["one"])
+    assert sorted((r["GROUP_RANK"], r["LOCAL_RANK"]) for r in one) == [(0, 0), (0, 1)], (
+        f"one launcher with --nproc-per-node 2: expected LOCAL_RANK 0 and 1 on node 0, saw {one}"
+    )
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_two_nodes_train_exactly_like_one_node_with_two_processes(runs, backend):
+    folders = finished(runs, "node0", "node1", "one")
+    two, one = (torch.load(folders[n] / "final.pt", weights_only=True) for n in ("two", "one"))
+    worst = max((two[k] - one[k]).abs().max().item() for k in one)
+    assert worst == 0, (
+        f"the 2-node job's weights differ from the 1-node job's by {worst:.3g}; the same "
+        "2 ranks on the same data should give the same bits"
+    )
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_a_wrong_endpoint_fails_fast_in_one_line(runs, backend):
+    """Nothing listens at the endpoint: the launcher gives up after --connect-timeout 5."""
+    results, _ = runs
+    result = results["wrong"]
+    assert not result.timed_out, (
+        f"a node pointed at an endpoint where nothing listens was still running after "
+        f"{WRONG_LIMIT} s (--connect-timeout {WRONG_TIMEOUT}). Expected the launcher to test "
+        "the endpoint before starting torchrun, whose rendezvous waits for many minutes"
+    )
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.returncode != 0 and lines, result.describe()
+    last = lines[-1]
+    assert "Traceback" not in result.output and "127.0.0.1" in last, (
+        f"expected one line that names the endpoint, got:\n{result.output[-1500:]}"
+    )
+    assert result.seconds >= WRONG_TIMEOUT - 0.5, (
+        f"gave up after {result.seconds:.1f} s, before --connect-timeout {WRONG_TIMEOUT}: "
+        "node 0 may start a little later than the others, so a node must keep trying"
+    )
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--nnodes", "2", "--node-rank", "2", "job.py"], "--node-rank 2"),
+        (["--endpoint", "node0", "job.py"], "HOST:PORT"),
+        (["--endpoint", "node0:http", "job.py"], "HOST:PORT"),
+    ],
+)
+def test_bad_arguments_are_one_line(impl, tmp_path, args, words):
+    result = procs.python(LESSON.path(impl), *args, timeout=30, cwd=tmp_path)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and words in lines[0], result.describe()
