@@ -34,8 +34,8 @@ MUTANTS = [
     dict(
         name="nproc_from_nnodes",
         why="processes per node taken from the number of nodes",
-        old='f"--nproc_per_node={args.nproc_per_node}"',
-        new='f"--nproc_per_node={args.nnodes}"',
+        old='f"--nproc_per_node={args.nproc_per_node}",\n',
+        new='f"--nproc_per_node={args.nnodes}",\n',
         caught_by="two_launchers",
     ),
 ]
