@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -82,8 +83,39 @@ def raised(function: Callable, *args, kind: type[BaseException] = ValueError) ->
     return {"raised": None}
 
 
+# mp.spawn's ProcessRaisedException carries a rank's whole traceback as its message.
+_RANK_FAILED = re.compile(
+    r"-- Process (\d+) terminated with the following error:\n(Traceback.*)", re.S
+)
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)): ?(.*)$")
+
+
+def _rank_error(message: str, lesson_file: Path) -> dict | None:
+    """The exception a spawned rank raised, from its traceback text: its type, its own
+    message and the submission's line, instead of the whole traceback (or None)."""
+    found = _RANK_FAILED.search(message)
+    if not found:
+        return None
+    rank, text = found.group(1), found.group(2).split("\n\nDuring handling")[0]
+    lines, where, last_frame = text.splitlines(), None, -1
+    for number, line in enumerate(lines):
+        if frame := _FRAME.match(line):
+            last_frame = number
+            if Path(frame.group(1)).resolve() == lesson_file.resolve():
+                where = f"{lesson_file.name}:{frame.group(2)}"
+    raised = next((m for line in lines[last_frame + 1 :] if (m := _RAISED.match(line))), None)
+    if raised is None:
+        return None
+    kind = raised.group(1).rsplit(".", 1)[-1]
+    return {"type": kind, "message": f"on rank {rank}: {raised.group(2)}", "where": where}
+
+
 def _error(err: BaseException, lesson_file: Path) -> dict:
-    """One line about an exception, with the submission's line that raised it."""
+    """One line about an exception, with the submission's line that raised it (for a rank
+    that mp.spawn started, the rank's exception and line)."""
+    if rank := _rank_error(str(err), lesson_file):
+        return rank
     frames = traceback.extract_tb(err.__traceback__)
     own = [f for f in frames if Path(f.filename).resolve() == lesson_file.resolve()]
     where = f"{lesson_file.name}:{own[-1].lineno}" if own else None

@@ -70,12 +70,13 @@ def driven(calls, backend):
     out = []
     for case, world in WORLDS[backend]:
         try:
-            got = calls.outcome.tensors(case)
-            notes = calls.outcome.value(case)["notes"]
+            got, notes = calls.outcome.tensors(case), calls.outcome.value(case)["notes"]
+            message = None
         except CaseFailed as err:
             hung = "timed out" in str(err).lower()
-            message = f"{world} ranks running MiniDDP: {err}"
-            pytest.fail(f"{message}\n{HANG}" if hung else message, pytrace=False)
+            message = f"{world} ranks running MiniDDP: {err}" + (f"\n{HANG}" if hung else "")
+        if message is not None:  # outside `except`: no chained traceback
+            pytest.fail(message, pytrace=False)
         out.append((world, got, notes))
     return out
 
@@ -206,10 +207,7 @@ def launched(impl, backend, tmp_path_factory):
             LESSON.path(impl), *args, timeout=120, cwd=folder, log_dir=folder / "ranks",
             env={REPLICA_ENV: str(folder / "replicas")},
         ), folder  # fmt: skip
-    result, folder = _launches[backend]
-    if not result.ok:
-        pytest.fail(result.failure(), pytrace=False)
-    return result, folder
+    return _launches[backend]
 
 
 @pytest.mark.core
@@ -217,6 +215,8 @@ def launched(impl, backend, tmp_path_factory):
 def test_the_script_learns_the_digits_with_minddp(launched, backend):
     """2 ranks, MiniDDP: at least 80 % test accuracy from the saved weights, identical replicas."""
     result, folder = launched
+    if not result.ok:
+        pytest.fail(result.failure(), pytrace=False)
     try:
         accuracy = judge.digits_accuracy(folder / "ckpt.pt")
     except (FileNotFoundError, ValueError) as err:

@@ -1,0 +1,66 @@
+"""course.calls: what a case script reports when the submission fails inside spawned ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from course import calls
+
+LESSON = Path("/course/lessons/05_collectives/collectives.py")
+
+SPAWN_MESSAGE = f"""
+
+-- Process 1 terminated with the following error:
+Traceback (most recent call last):
+  File "/venv/torch/multiprocessing/spawn.py", line 87, in _wrap
+    fn(i, *args)
+  File "/course/tests/cases/lesson_05.py", line 41, in _rank
+    lesson.ring_all_reduce(tensor)
+  File "{LESSON}", line 83, in ring_all_reduce
+    raise NotImplementedError("TODO at 05_collectives/collectives.py:83 is not done yet")
+NotImplementedError: TODO at 05_collectives/collectives.py:83 is not done yet
+
+
+During handling of the above exception, another exception occurred:
+Traceback (most recent call last):
+  File "/elsewhere.py", line 1, in f
+ValueError: not this one
+"""
+
+TIMEOUT_MESSAGE = """
+-- Process 0 terminated with the following error:
+Traceback (most recent call last):
+  File "/venv/torch/distributed/distributed_c10d.py", line 2712, in recv
+    pg.recv([tensor], src, tag).wait()
+torch.distributed.DistBackendError: [../gloo/transport/tcp/pair.cc:534] Timed out waiting 45000ms
+Exception raised from recvBytes at /pytorch/torch/csrc/distributed/c10d/Utils.hpp:672
+frame #0: c10::Error::Error(...) + 0x98
+"""
+
+
+class ProcessRaisedException(Exception):
+    pass
+
+
+def test_a_ranks_exception_is_reported_in_one_line_with_the_lesson_line():
+    got = calls._error(ProcessRaisedException(SPAWN_MESSAGE), LESSON)
+    assert got == {
+        "type": "NotImplementedError",
+        "message": "on rank 1: TODO at 05_collectives/collectives.py:83 is not done yet",
+        "where": "collectives.py:83",
+    }
+
+
+def test_a_ranks_timeout_keeps_its_words_and_drops_the_cpp_frames():
+    got = calls._error(ProcessRaisedException(TIMEOUT_MESSAGE), LESSON)
+    assert got["type"] == "DistBackendError" and got["where"] is None
+    assert "Timed out waiting 45000ms" in got["message"] and "frame #0" not in got["message"]
+
+
+def test_other_exceptions_keep_their_message_and_line():
+    try:
+        raise ValueError("plain")
+    except ValueError as err:
+        got = calls._error(err, Path(__file__))
+    assert got["type"] == "ValueError" and got["message"] == "plain"
+    assert got["where"].startswith(Path(__file__).name + ":")
