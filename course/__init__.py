@@ -16,7 +16,7 @@ Where to add a helper:
                            calls       calling a lesson's functions in a child
                            judge       evaluating saved weights
   probes (inside every     probes      installs the ones the environment arms:
-  launched process)                    write_log, batches, replicas, rank_logs,
+  launched process)                    write_log, batches, ddp_log, replicas, rank_logs,
                                        chaos, step_clock
   tools                    cli, hints, record, bench, bandwidth, sizes, release,
                            lessons (the registry), procs (processes, deadlines)

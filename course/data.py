@@ -235,6 +235,7 @@ def loader(
     batch_size: int,
     device: torch.device,
     num_workers: int | None = None,
+    pin_memory: bool | None = None,
     **options,
 ) -> DataLoader:
     """A DataLoader that keeps `device` fed; `options` go to DataLoader (shuffle, sampler...).
@@ -248,6 +249,7 @@ def loader(
       --num-workers) that stay alive across epochs and each keep 4 batches
       ready, so decoding overlaps training; pinned (page-locked) batches, so
       that `.to(device, non_blocking=True)` copies while the GPU computes.
+      pin_memory=False turns the pinning off (lesson 08 measures what it buys).
     """
     tensors = isinstance(dataset, TensorDataset)
     on_device = tensors and dataset.tensors[0].device.type != "cpu"
@@ -263,7 +265,7 @@ def loader(
         dataset,
         batch_size=batch_size,
         num_workers=num_workers,
-        pin_memory=device.type == "cuda" and not on_device,
+        pin_memory=device.type == "cuda" and not on_device and pin_memory is not False,
         **options,
     )
 

@@ -114,6 +114,16 @@ LESSONS: tuple[Lesson, ...] = (
         launcher="python",
         summary="One launcher per node, a c10d rendezvous at node 0, and a fast, clear failure.",
     ),
+    Lesson(
+        number="08",
+        slug="08_performance",
+        title="Performance",
+        level="advanced",
+        script="train.py",
+        launcher="spawn",
+        summary="no_sync accumulation, mixed precision, DDP's options and data loading, measured.",
+        builds_on="03",
+    ),
 )
 
 

@@ -52,20 +52,25 @@ def positive_float(text: str) -> float:
     return value
 
 
-def add_speed_options(parser: argparse.ArgumentParser) -> None:
+def add_speed_options(parser: argparse.ArgumentParser, precisions=("off", "bf16")) -> None:
     """--amp and --channels-last, the two switches `python -m course bench` compares.
 
     Both change speed, not what is computed in any way that matters for
     training: bf16 autocast runs matrix products and convolutions on Tensor
     Cores in bfloat16 (weights and the optimizer stay fp32), and channels-last
-    (NHWC) is the layout those convolution kernels read fastest.
+    (NHWC) is the layout those convolution kernels read fastest. Lesson 08 adds
+    fp16, which needs a GradScaler.
     """
-    parser.add_argument("--amp", choices=("off", "bf16"), default="off", help="bf16 autocast")
+    help = " or ".join(p for p in precisions if p != "off") + " autocast"
+    parser.add_argument("--amp", choices=precisions, default="off", help=help)
     parser.add_argument("--channels-last", action="store_true", help="NHWC memory layout")
 
 
-def parser(doc: str | None, prog: str = "train.py", per: str = "") -> ArgumentParser:
-    """A parser with the flags every training lesson has; `per` says what a batch is per."""
+def parser(
+    doc: str | None, prog: str = "train.py", per: str = "", precisions=("off", "bf16")
+) -> ArgumentParser:
+    """A parser with the flags every training lesson has; `per` says what a batch is per,
+    `precisions` which --amp values the lesson handles."""
     p = ArgumentParser(prog=prog, description=(doc or "").strip().splitlines()[0])
     p.add_argument("--data", default="digits", help="digits, synthetic, cifar10 or a folder")
     p.add_argument("--data-dir", default="data", help="where cifar10 is downloaded")
@@ -81,7 +86,7 @@ def parser(doc: str | None, prog: str = "train.py", per: str = "") -> ArgumentPa
     p.add_argument("--metrics-out", help="write per-epoch metrics here as JSON")
     p.add_argument("--num-workers", type=non_negative_int, help="DataLoader worker processes")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_speed_options(p)
+    add_speed_options(p, precisions)
     return p
 
 

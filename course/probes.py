@@ -11,6 +11,8 @@ and costs nothing otherwise:
                         (course/replicas.py)
     COURSE_BATCH_LOG    the sample indices of every batch each rank loads
                         (course/batches.py)
+    COURSE_DDP_LOG      DDP's all-reduces per optimizer step, counted by a
+                        communication hook, and its options (course/ddp_log.py)
     COURSE_RANK_LOG_DIR each rank's output in a file of its own (course/rank_logs.py)
     COURSE_KILL_*       faults injected on purpose (course/chaos.py)
 
@@ -27,6 +29,7 @@ ENVIRONMENT = (
     "COURSE_WRITE_LOG",
     "COURSE_REPLICA_LOG",
     "COURSE_BATCH_LOG",
+    "COURSE_DDP_LOG",
     "COURSE_RANK_LOG_DIR",
     "COURSE_KILL_AT_STEP",
     "COURSE_KILL_IN_SAVE",
@@ -52,6 +55,10 @@ def install() -> None:
         from course import batches
 
         batches.install()
+    if os.environ.get("COURSE_DDP_LOG"):
+        from course import ddp_log
+
+        ddp_log.install()
     if os.environ.get("COURSE_REPLICA_LOG"):
         from course import replicas
 

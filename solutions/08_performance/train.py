@@ -1,0 +1,182 @@
+"""Lesson 08 - Performance: accumulation with no_sync, mixed precision, DDP's options.
+
+Run it:
+    python lessons/08_performance/train.py --nproc 2 --backend gloo --accumulate 4
+    python lessons/08_performance/train.py --model resnet50 --data synthetic --image-size 224 \
+        --batch-size 128 --amp bf16 --channels-last --bucket-cap-mb 50      # one rank per GPU
+    python -m course bench --lessons 01 08 --amp bf16 --channels-last     # what each option buys
+    python -m course grade 08                                              # grade your version
+"""
+
+import contextlib
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+from tqdm import tqdm
+
+from course import checkpoint, data, metrics, models, options, ranks
+from course.train_utils import exit_with_one_line, seed_everything
+
+
+def parse_args(argv=None):
+    p = options.parser(__doc__, per="per rank and micro-batch", precisions=("off", "bf16", "fp16"))
+    p.add_argument("--nproc", type=options.positive_int, help="ranks (default: GPUs, or 2)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl if CUDA works")
+    p.add_argument(
+        "--accumulate", type=options.positive_int, default=1, help="micro-batches a step"
+    )
+    p.add_argument("--bucket-cap-mb", type=options.positive_float, default=25.0, help="DDP buckets")
+    p.add_argument("--no-bucket-view", action="store_true", help="gradients apart from buckets")
+    p.add_argument("--static-graph", action="store_true", help="the same graph every step")
+    p.add_argument("--compile", action="store_true", help="torch.compile the DDP model")
+    p.add_argument("--no-pin-memory", action="store_true", help="pageable batches (image files)")
+    args = options.parse(p, argv)
+    if args.static_graph and args.accumulate > 1:  # DDP records the graph in a synced step
+        p.error("--static-graph needs a synchronised first step; use it with --accumulate 1")
+    return args
+
+
+# --8<-- [start:train_step]
+def train_one_epoch(model, loader, optimizer, scaler, device, args, max_steps=None):
+    """One pass over `loader`; an optimizer step every `args.accumulate` micro-batches.
+
+    Returns (mean loss, images, optimizer steps)."""
+    model.train()
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
+    total_loss = torch.zeros((), device=device)
+    images_seen = steps = 0
+    progress = tqdm(loader, disable=not args.progress, leave=False, unit="batch")
+    for i, (images, labels) in enumerate(progress):
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        # The micro-batch that ends a step; a shorter group at the epoch's end steps too.
+        last = (i + 1) % args.accumulate == 0 or i + 1 == len(loader)
+        # TODO: accumulate args.accumulate micro-batches into one optimizer step that
+        # sees the gradient of their union, with ONE all-reduce per step, not one per
+        # micro-batch: the others only add up locally (that is what makes it cheap).
+        # HINT 1: DDP all-reduces in every backward unless the forward AND the backward
+        #   ran inside a context that tells it to skip; the loss of one micro-batch is
+        #   a mean over its images, so k of them summed are k times too large.
+        # HINT 2: with (contextlib.nullcontext() if last else model.no_sync()): forward,
+        #   loss, and scaler.scale(loss / args.accumulate).backward().
+        # HINT 3: the step (scaler.step(optimizer); scaler.update()) and
+        #   optimizer.zero_grad(set_to_none=True) run only when `last` is true.
+        ### BEGIN SOLUTION
+        with contextlib.nullcontext() if last else model.no_sync():
+            with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=bool(half)):
+                loss = F.cross_entropy(model(images), labels)
+            # fp16 gradients underflow: GradScaler multiplies the loss before backward,
+            # divides the gradients before the step (a no-op unless --amp fp16).
+            scaler.scale(loss / args.accumulate).backward()
+        if last:
+            scaler.step(optimizer)  # skips the step if a gradient overflowed (fp16)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+        ### END SOLUTION
+        # detach, no .item(): keep the number on the device, don't wait for the GPU.
+        total_loss += loss.detach() * len(labels)
+        images_seen += len(labels)
+        steps += int(last)
+        if max_steps is not None and steps >= max_steps:
+            break
+    return (total_loss / max(images_seen, 1)).item(), images_seen, steps
+
+
+# --8<-- [end:train_step]
+
+
+# --8<-- [start:train]
+def train(rank: int, world_size: int, device: torch.device, args) -> dict | None:
+    """The whole run, on every rank; returns the metrics on rank 0."""
+    seed_everything(args.seed)  # the same seed on every rank: the same initial weights
+    train_set, test_set, classes, channels = data.build_datasets(
+        args.data, args.data_dir, args.image_size, device
+    )
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)
+    # Image files: --num-workers processes decode ahead of the GPU, into pinned memory.
+    pin = not args.no_pin_memory
+    train_loader = data.loader(
+        train_set, args.batch_size, device, args.num_workers, pin, sampler=sampler
+    )
+    test_loader = data.loader(test_set, args.batch_size, device, args.num_workers, pin)
+    model = models.build_model(args.model, classes, channels, args.norm)
+    model = model.to(device, memory_format=args.memory_format)
+    # --8<-- [start:model]
+    # TODO: wrap the model in DDP with the options on the command line, so that the
+    # benchmark can measure each: the bucket size (--bucket-cap-mb), gradients stored
+    # in the buckets themselves unless --no-bucket-view, and --static-graph.
+    # HINT 1: DistributedDataParallel takes each of them as a keyword argument; keep
+    #   lesson 03's device_ids and its per-step buffer sync setting.
+    # HINT 2: DDP(model, device_ids=..., bucket_cap_mb=args.bucket_cap_mb,
+    #   gradient_as_bucket_view=not args.no_bucket_view, static_graph=args.static_graph,
+    #   **ranks.no_per_step_buffer_sync()).
+    ### BEGIN SOLUTION
+    model = DDP(
+        model, device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=not args.no_bucket_view,
+        static_graph=args.static_graph, **ranks.no_per_step_buffer_sync(),
+    )  # fmt: skip
+    ### END SOLUTION
+    if args.compile:  # compile the wrapped model: graphs split at bucket edges, overlap kept
+        model = torch.compile(model)
+    # --8<-- [end:model]
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+    print(f"training {args.model} on {args.data} ({len(train_set)} images) on {device}")
+    batch = args.batch_size * args.accumulate * world_size  # what one step averages over
+    print(
+        f"{world_size} ranks x {args.accumulate} x batch {args.batch_size} = global batch {batch}"
+    )
+    log, step = metrics.RunLog(args, world_size=world_size, global_batch_size=batch), 0
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        if (left := options.steps_left(args, step)) == 0:
+            break
+        tic = time.perf_counter()
+        train_loss, images, steps = train_one_epoch(
+            model, train_loader, optimizer, scaler, device, args, left
+        )
+        seconds = time.perf_counter() - tic  # .item() in train_one_epoch waited for the GPU
+        step += steps
+        train_loss, images = ranks.mean_over_ranks(train_loss, images)  # each knew its shard
+        if rank == 0:  # model.module: the plain model, without DDP's hooks (or compilation)
+            test_loss, accuracy = metrics.evaluate(model.module, test_loader, device)
+            log.epoch(epoch + 1, train_loss, test_loss, accuracy, images, seconds, steps, True)
+    if rank == 0 and args.checkpoint:
+        checkpoint.save({"model": model.module.state_dict(), "step": step}, args.checkpoint)
+    if rank == 0:
+        return log.finish(metrics.evaluate(model.module, test_loader, device)[1], step)
+
+
+# --8<-- [end:train]
+
+
+def worker(rank: int, world_size: int, backend: str, port: int, args) -> None:
+    """What each of the `world_size` processes runs (lesson 03's, with join_local)."""
+    if rank != 0:  # one voice: rank 0 prints, the others work (their errors still show)
+        sys.stdout = open(os.devnull, "w")
+    torch.set_num_threads(ranks.cpu_share(world_size))  # N ranks share the cores
+    device = ranks.join_local(rank, world_size, backend, port)  # lesson 03's setup()
+    try:
+        train(rank, world_size, device, args)
+        dist.barrier()  # leave together; rank 0's checkpoint is complete
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    backend, world_size = ranks.backend_and_world_size(args.backend, args.nproc)
+    mp.spawn(worker, args=(world_size, backend, ranks.free_port(), args), nprocs=world_size)
+
+
+if __name__ == "__main__":
+    # A wrong flag or a missing folder prints one line and exits 2; a bug still shows its traceback.
+    sys.exit(exit_with_one_line(main))

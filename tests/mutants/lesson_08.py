@@ -1,0 +1,106 @@
+"""Realistic wrong versions of lesson 08 (performance), and honest different ones.
+
+Each entry rewrites the reference solution: `old` must appear exactly once in
+solutions/08_performance/train.py and becomes `new`. A mutant must be rejected by the
+tests whose names contain `caught_by`; an alternative must pass every test of the
+lesson. tests/test_mutants.py applies them.
+"""
+
+FILE = "08_performance/train.py"
+
+_SYNCED = "        with contextlib.nullcontext() if last else model.no_sync():\n"
+_BACKWARD = "            scaler.scale(loss / args.accumulate).backward()\n"
+_OPTIONS = (
+    "        bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=not args.no_bucket_view,\n"
+)
+_FORWARD = (
+    "            with torch.autocast(device.type, dtype=half or torch.bfloat16, "
+    "enabled=bool(half)):\n"
+    "                loss = F.cross_entropy(model(images), labels)\n"
+)
+
+MUTANTS = [
+    dict(
+        name="no_no_sync",
+        why="every micro-batch all-reduces: the gradient is right, the traffic is k times",
+        old=_SYNCED,
+        new="        with contextlib.nullcontext():\n",
+        caught_by="one_all_reduce_round",
+    ),
+    dict(
+        name="no_sync_around_backward_only",
+        why="the forward runs outside no_sync(): DDP has already prepared to all-reduce",
+        old=_SYNCED + _FORWARD,
+        new=_FORWARD.replace("            ", "        ") + _SYNCED + "            pass\n",
+        caught_by="one_all_reduce_round",
+    ),
+    dict(
+        name="never_synchronised",
+        why="every micro-batch, the last one too, runs inside no_sync(): no rank averages",
+        old=_SYNCED,
+        new="        with model.no_sync():\n",
+        caught_by="one_all_reduce_round",
+    ),
+    dict(
+        name="loss_not_divided",
+        why="the k micro-batch losses are summed: the step's gradient is k times too large",
+        old=_BACKWARD,
+        new="            scaler.scale(loss).backward()\n",
+        caught_by="large_batch_step",
+    ),
+    dict(
+        name="cleared_every_micro_batch",
+        why="zero_grad runs before every backward: only the last micro-batch counts",
+        old=_SYNCED,
+        new="        optimizer.zero_grad(set_to_none=True)\n" + _SYNCED,
+        caught_by="large_batch_step",
+    ),
+    dict(
+        name="steps_every_micro_batch",
+        why="the optimizer steps after every micro-batch, with partial gradients",
+        old="        if last:\n            scaler.step(optimizer)",
+        new="        if True:\n            scaler.step(optimizer)",
+        caught_by="large_batch_step",
+    ),
+    dict(
+        name="bucket_cap_ignored",
+        why="--bucket-cap-mb never reaches DDP: every run uses 25 MB buckets",
+        old=_OPTIONS,
+        new=_OPTIONS.replace("bucket_cap_mb=args.bucket_cap_mb, ", ""),
+        caught_by="options_from_the_command_line",
+    ),
+    dict(
+        name="bucket_view_always_on",
+        why="--no-bucket-view is ignored: gradient_as_bucket_view is always True",
+        old=_OPTIONS,
+        new=_OPTIONS.replace("not args.no_bucket_view", "True"),
+        caught_by="options_from_the_command_line",
+    ),
+]
+
+ALTERNATIVES = [
+    dict(
+        name="summed_loss_divided_gradients",
+        why="the losses are summed and the gradients divided by k just before the step",
+        old=_BACKWARD
+        + """        if last:
+            scaler.step(optimizer)  # skips the step if a gradient overflowed (fp16)
+""",
+        new="""            scaler.scale(loss).backward()
+        if last:
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad /= args.accumulate
+            scaler.step(optimizer)
+""",
+    ),
+    dict(
+        name="exit_stack",
+        why="no_sync entered through an ExitStack, the step counted by a modulo",
+        old=_SYNCED,
+        new="""        with contextlib.ExitStack() as stack:
+            if (i + 1) % args.accumulate and i + 1 != len(loader):
+                stack.enter_context(model.no_sync())
+""",
+    ),
+]
