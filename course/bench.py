@@ -3,6 +3,7 @@
     python -m course bench                                  # every lesson, fp32, all GPUs
     python -m course bench --amp bf16 --channels-last       # Tensor Core speed
     python -m course bench --lessons 01 03 --gpus 2 --impl lessons   # your version
+    python -m course bench --lessons 02 --skip 02-tuned     # leave a slow row out
     python -m course bench --plot runs/bench/*.json         # redraw the plot from records
 
 One row per way of training, each a launch of a lesson script exactly as its
@@ -17,6 +18,12 @@ GPU, so the model is measured and not the input pipeline):
     06  torch DDP / MiniDDP   python 06_ddp_from_scratch/mini_ddp.py --nproc N --wrapper torch
                               (and --wrapper mini, with 25 MB buckets and with one per tensor);
                               "step / DDP's" is MiniDDP's step time over DDP's in that loop
+    08  one option at a time  python 08_performance/train.py --nproc N, then the same with
+                              one change each: no bucket view, bucket sizes, static graph,
+                              no_sync accumulation, fewer NCCL channels, fp32, images
+                              decoded from files (0 workers, unpinned, pinned),
+                              torch.compile; "x 08" is each row's throughput over the
+                              unchanged run's
 
 The processes run with the caller's environment, not the grader's one-thread
 settings, so a lesson that oversubscribes the CPU shows it. Their optimizer
@@ -66,6 +73,12 @@ class Row:
     window: int = 10  # steps per timed window
     warmup: int = 2  # windows dropped at the start
     windows: int = 5  # windows timed
+    accumulate: int = 1  # micro-batches per optimizer step (lesson 08's --accumulate)
+    speed: tuple[str, bool] | None = None  # (amp, channels_last) instead of the run's
+    files: bool = False  # images decoded from files instead of tensors on the GPU
+    env: dict[str, str] = field(default_factory=dict)  # extra environment variables
+    single: str = "01"  # the one-device row its efficiency divides by
+    versus: str | None = None  # the row its "x" ratio divides by
 
     @property
     def steps(self) -> int:
@@ -128,28 +141,93 @@ def plan(
             ),
         ):
             rows.append(Row(key, "06", label, n, [*spawn, *extra], **timing))
+    if "08" in chosen:
+        rows += lesson_08_rows(settings, timing)
     return rows
 
 
-def command(row: Row, impl: Path, settings: Settings) -> list[str]:
-    """The lesson's own command line for `row`, as its page documents it."""
+def lesson_08_rows(settings: Settings, timing: dict) -> list[Row]:
+    """Lesson 08's script as it stands, then one change at a time against it."""
+    n, spawn = settings.gpus, ["--nproc", str(settings.gpus), "--backend", settings.backend]
+    fp32 = ("off", False)
+    files = dict(window=5, warmup=1, windows=3)  # decoding is slow: fewer, shorter windows
+    variants = [  # key, label, extra flags, Row options
+        ("08", "DDP as lesson 03 builds it", [], {}),
+        ("08-copy", "gradients copied to buckets", ["--no-bucket-view"], {}),
+        ("08-b5", "5 MB buckets", ["--bucket-cap-mb", "5"], {}),
+        ("08-b100", "100 MB buckets", ["--bucket-cap-mb", "100"], {}),
+        ("08-static", "static_graph", ["--static-graph"], {}),
+        ("08-acc2", "no_sync, 2 micro-batches a step", ["--accumulate", "2"], {"accumulate": 2}),
+    ]
+    rows = []
+    if (settings.amp, settings.channels_last) != fp32:  # precision: against fp32 on one device
+        rows.append(Row("01-fp32", "01", "one device, fp32", 1, ["--device", settings.device]))
+        rows[0].speed, rows[0].window, rows[0].warmup = fp32, timing["window"], timing["warmup"]
+        rows[0].windows = timing["windows"]
+        variants.append(("08-fp32", "fp32, NCHW", [], {"speed": fp32, "single": "01-fp32"}))
+    if settings.device == "cuda":  # the CPU version checks code paths, and has no spare cores
+        nccl = {"env": {"NCCL_MAX_NCHANNELS": "4"}}  # fewer SMs busy with communication
+        variants.append(("08-ch4", "NCCL_MAX_NCHANNELS=4", [], nccl))
+        workers = str(max(1, min(6, (os.cpu_count() or 2) // (2 * n))))
+        for key, label, extra in (
+            ("08-files0", "image files, 0 workers", ["--num-workers", "0"]),
+            ("08-files-pageable", f"image files, {workers} workers, not pinned",
+             ["--num-workers", workers, "--no-pin-memory"]),
+            ("08-files", f"image files, {workers} workers, pinned", ["--num-workers", workers]),
+        ):  # fmt: skip
+            variants.append((key, label, extra, {"files": True, **files}))
+        variants.append(("08-compile", "torch.compile", ["--compile"], {}))
+    for key, label, extra, options in variants:
+        row_timing = {**timing, **{k: v for k, v in options.items() if k in timing}}
+        other = {k: v for k, v in options.items() if k not in timing}
+        rows.append(Row(key, "08", label, n, [*spawn, *extra], **row_timing, **other))
+        rows[-1].versus = None if key == "08" else "08"
+    return rows
+
+
+def images_needed(row: Row, settings: Settings) -> int:
+    """Training images for one epoch that holds every timed step."""
+    return row.steps * settings.batch_size * row.world * row.accumulate
+
+
+def command(row: Row, impl: Path, settings: Settings, files: str | Path | None = None) -> list[str]:
+    """The lesson's own command line for `row`, as its page documents it.
+
+    files: the image folder (course.data.make_image_folder) of a row with files=True."""
     lesson = lessons.get(row.lesson)
     script = lesson.path(impl)
     if not script.is_file():
         raise FileNotFoundError(f"{script}: not found (--impl {impl})")
     # One epoch holds every timed step: no evaluation or epoch boundary inside a window.
-    images = row.steps * settings.batch_size * row.world
-    args = ["--data", f"synthetic:{images}", "--image-size", str(settings.image_size)]
+    data = str(files) if row.files else f"synthetic:{images_needed(row, settings)}"
+    args = ["--data", data, "--image-size", str(settings.image_size)]
     args += ["--model", settings.model, "--batch-size", str(settings.batch_size)]
     args += ["--epochs", "1", "--max-steps", str(row.steps), "--quiet"]
-    if settings.amp != "off":  # only when asked: an older lesson without the flags still runs
-        args += ["--amp", settings.amp]
-    if settings.channels_last:
+    amp, channels_last = row.speed or (settings.amp, settings.channels_last)
+    if amp != "off":  # only when asked: an older lesson without the flags still runs
+        args += ["--amp", amp]
+    if channels_last:
         args.append("--channels-last")
     if lesson.launcher == "torchrun":
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         return [*launcher, f"--nproc_per_node={row.world}", str(script), *row.extra, *args]
     return [sys.executable, str(script), *row.extra, *args]
+
+
+def image_files(rows: list[Row], settings: Settings, scratch: Path) -> Path | None:
+    """The image folder the rows with files=True read (PNG files, decoded and resized to
+    --image-size by DataLoader workers, as a real data set is), or None if none does."""
+    needed = max((images_needed(r, settings) for r in rows if r.files), default=0)
+    if not needed:
+        return None
+    from course.data import make_image_folder
+
+    classes = 10
+    print(f"  writing {needed:,} PNG images for the image-file rows ...", flush=True)
+    size = min(settings.image_size, 160)  # stored smaller, resized up: decoding stays real
+    return make_image_folder(
+        scratch / "images", classes, -(-needed // classes), size, val_per_class=1
+    )
 
 
 def windows_of(points: list[tuple[int, float]], row: Row, global_batch: int) -> list[float]:
@@ -162,20 +240,32 @@ def windows_of(points: list[tuple[int, float]], row: Row, global_batch: int) -> 
 
 
 def measure(
-    row: Row, impl: Path, settings: Settings, timeout: float = 300, fresh_threads: bool = False
+    row: Row,
+    impl: Path,
+    settings: Settings,
+    timeout: float = 300,
+    fresh_threads: bool = False,
+    files: str | Path | None = None,
 ) -> dict:
     """Launch `row`'s lesson, time its steps, and return the row's record.
 
     fresh_threads: drop OMP_NUM_THREADS / MKL_NUM_THREADS from the environment,
     as in a new shell, even when the caller (the grader, say) has set them.
     """
-    args = command(row, impl, settings)
-    global_batch = settings.batch_size * row.world
+    args = command(row, impl, settings, files)
+    global_batch = settings.batch_size * row.world * row.accumulate
     record = {"key": row.key, "lesson": row.lesson, "mode": row.label, "world_size": row.world}
     record.update(global_batch=global_batch, window_steps=row.window, warmup_windows=row.warmup)
-    record["command"] = " ".join(shlex.quote(_short(a)) for a in args)
+    if row.single != "01":
+        record["single"] = row.single
+    if row.versus:
+        record["versus"] = row.versus
+    record["command"] = " ".join(
+        [*(f"{k}={v}" for k, v in row.env.items()), *(shlex.quote(_short(a)) for a in args)]
+    )
     with tempfile.TemporaryDirectory(prefix="course-bench-") as folder:
         env = {
+            **row.env,
             step_clock.LOG_ENV: folder,
             step_clock.EVERY_ENV: str(row.window),
         }
@@ -269,16 +359,20 @@ def provenance(argv: list[str], settings: Settings) -> dict:
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """Speed-up and efficiency of every row against lesson 01 (one device), in place;
-    lesson 06's rows also get their step time over torch DDP's in the same loop."""
-    base = next((r["samples_per_s"] for r in rows if r["key"] == "01" and r["ok"]), None)
+    """Speed-up and efficiency of every row against one device (lesson 01 at the row's
+    precision: its "single" key), in place; lesson 06's rows also get their step time over
+    torch DDP's in the same loop, and rows with a "versus" key their throughput over it."""
+    rate = {r["key"]: r["samples_per_s"] for r in rows if r["ok"]}
     ddp = next((r["step_ms"] for r in rows if r["key"] == "06-torch" and r["ok"]), None)
     for r in rows:
+        base = rate.get(r.get("single", "01"))
         if base and r["ok"]:
             r["speedup"] = round(r["samples_per_s"] / base, 3)
             r["efficiency"] = round(r["samples_per_s"] / (r["world_size"] * base), 3)
         if ddp and r["ok"] and r["lesson"] == "06":
             r["step_vs_ddp"] = round(r["step_ms"] / ddp, 3)
+        if r["ok"] and rate.get(r.get("versus")):
+            r["vs_base"] = round(r["samples_per_s"] / rate[r["versus"]], 3)
 
 
 def title(doc: dict) -> str:
@@ -297,6 +391,7 @@ def table(doc: dict, markdown: bool = False) -> str:
     ranks = "GPUs" if doc["settings"]["device"] == "cuda" else "ranks"
     head = ["lesson", "mode", ranks, "global batch", "img/s", "speed-up", "efficiency", "step ms"]
     versus = any("step_vs_ddp" in r for r in doc["rows"])  # lesson 06: MiniDDP against DDP
+    bases = [r["versus"] for r in doc["rows"] if "vs_base" in r]  # lesson 08: against row 08
     lines = []
     for r in doc["rows"]:
         cells = [r["lesson"], r["mode"], str(r["world_size"]), str(r["global_batch"])]
@@ -309,8 +404,12 @@ def table(doc: dict, markdown: bool = False) -> str:
             lines.append([*cells, f"{r['samples_per_s']:,.0f}", *ratio, f"{r['step_ms']:.1f}"])
         if versus:  # right after the mode: the column lesson 06's table is about
             lines[-1].insert(2, f"{r['step_vs_ddp']:.3f}" if "step_vs_ddp" in r else "")
+        if bases:
+            lines[-1].insert(2, f"{r['vs_base']:.3f}" if "vs_base" in r else "")
     if versus:
         head.insert(2, "step / DDP's")
+    if bases:
+        head.insert(2, f"x {bases[0]}")
     if markdown:
         rule = "|---|---|" + "--:|" * (len(head) - 2)
         rows = ["| " + " | ".join(cells) + " |" for cells in [head, *lines]]
@@ -354,8 +453,9 @@ def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> 
     labels = {
         r["key"]: f"{r['lesson']} {r['mode']}".replace(", ", ",\n") for d in docs for r in d["rows"]
     }
-    pkeys = [key for key in keys if key != "01"]  # efficiency: the parallel rows only
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
+    pkeys = [key for key in keys if not key.startswith("01")]  # efficiency: parallel rows
+    many = len(keys) > 8  # lesson 08's variants: slanted labels, a wider figure
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(12, 0.8 * len(keys)), 4.6 + many))
     width = 0.8 / max(len(docs), 1)
     offset = (len(docs) - 1) * width / 2  # from a group's first bar to its centre
     for i, doc in enumerate(docs):
@@ -376,12 +476,15 @@ def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> 
             width,
         )
         right.bar_label(bars, fmt="{:.2f}", fontsize=7, padding=2)
-    left.set_xticks([k + offset for k in range(len(keys))], [labels[k] for k in keys], fontsize=7)
+    slant = dict(rotation=35, ha="right") if many else {}
+    left.set_xticks(
+        [k + offset for k in range(len(keys))], [labels[k] for k in keys], fontsize=7, **slant
+    )
     left.set_ylabel("images / s (median window)")
     left.set_title("Throughput")
     left.margins(y=0.12)
     right.set_xticks(
-        [k + offset for k in range(len(pkeys))], [labels[k] for k in pkeys], fontsize=7
+        [k + offset for k in range(len(pkeys))], [labels[k] for k in pkeys], fontsize=7, **slant
     )
     right.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     right.set_ylim(0, 1.15)
@@ -421,9 +524,10 @@ def parser(prog: str = "python -m course bench") -> argparse.ArgumentParser:
     p.add_argument(
         "--lessons",
         nargs="+",
-        default=["01", "02", "03", "04", "06"],
+        default=["01", "02", "03", "04", "06", "08"],
         help="which rows (default: all)",
     )
+    p.add_argument("--skip", nargs="+", default=[], metavar="KEY", help="rows to leave out")
     p.add_argument("--model", help="default resnet50 on GPUs, cnn on the CPU")
     p.add_argument("--image-size", type=positive_int, help="default 224 for resnet50, else 32")
     p.add_argument(
@@ -490,6 +594,11 @@ def main(argv: list[str] | None = None) -> int:
         args.warmup,
         args.windows or (5 if device == "cuda" else 3),
     )
+    unknown = sorted(set(args.skip) - {row.key for row in rows})
+    if unknown:
+        known = " ".join(row.key for row in rows)
+        raise ValueError(f"--skip {' '.join(unknown)}: no such row; the rows are {known}")
+    rows = [row for row in rows if row.key not in args.skip]
     doc = {
         "kind": KIND,
         "settings": settings.__dict__,
@@ -497,17 +606,6 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [],
     }
     print(title(doc))
-    for row in rows:
-        print(f"  {row.lesson} {row.label}: {row.steps} steps ...", end="", flush=True)
-        tic = time.monotonic()
-        record = measure(row, impl, settings, timeout=600 if device == "cuda" else 180)
-        doc["rows"].append(record)
-        status = f"{record['samples_per_s']:,.0f} img/s" if record["ok"] else "FAILED"
-        print(f" {status} ({time.monotonic() - tic:.0f} s)", flush=True)
-    add_ratios(doc["rows"])
-    print()
-    print(table(doc))
-    print(provenance_line(doc))
     precision = args.amp + ("-cl" if args.channels_last else "")
     default = (
         f"runs/bench/{time.strftime('%Y%m%d-%H%M%S')}-{device}{settings.gpus}-{precision}.json"
@@ -516,7 +614,21 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     from course.files import write_json_atomic
 
-    write_json_atomic(doc, out)
+    with tempfile.TemporaryDirectory(prefix="course-bench-files-") as scratch:
+        folder = image_files(rows, settings, Path(scratch))
+        for row in rows:
+            print(f"  {row.lesson} {row.label}: {row.steps} steps ...", end="", flush=True)
+            tic = time.monotonic()
+            limit = 600 if device == "cuda" else 180
+            record = measure(row, impl, settings, timeout=limit, files=folder)
+            doc["rows"].append(record)
+            status = f"{record['samples_per_s']:,.0f} img/s" if record["ok"] else "FAILED"
+            print(f" {status} ({time.monotonic() - tic:.0f} s)", flush=True)
+            add_ratios(doc["rows"])
+            write_json_atomic(doc, out)  # after every row: a cut-short run keeps its rows
+    print()
+    print(table(doc))
+    print(provenance_line(doc))
     print(f"wrote {out}")
     try:
         image = Path(args.plot_out or out.with_suffix(".png"))

@@ -76,6 +76,57 @@ def test_lesson_06_rows_compare_step_times_with_torch_ddp():
     assert len(widths) == 1, markdown  # every row has every column
 
 
+def test_lesson_08_rows_change_one_thing_each_against_the_lesson_as_it_stands(tmp_path):
+    """Every 08 variant is the base run plus its own flags, environment or data."""
+    settings = bench.Settings("cuda", 2, "resnet50", 224, 128, "bf16", True)
+    rows = {r.key: r for r in bench.plan(settings, ["08"], window=10, warmup=2, windows=5)}
+    assert {"01-fp32", "08", "08-b100", "08-acc2", "08-fp32", "08-files0", "08-compile"} <= set(
+        rows
+    )
+    base = rows["08"].extra
+    for key, row in rows.items():
+        if key.startswith("08-"):
+            assert row.extra[: len(base)] == base and row.versus == "08", key
+    impl = REPO_ROOT / "solutions"
+    command = bench.command(rows["08"], impl, settings)
+    assert "--amp" in command and "--channels-last" in command
+    fp32 = bench.command(rows["08-fp32"], impl, settings)
+    assert "--amp" not in fp32 and "--channels-last" not in fp32
+    assert rows["08-fp32"].single == "01-fp32"
+    acc = bench.command(rows["08-acc2"], impl, settings)
+    images = int(acc[acc.index("--data") + 1].split(":")[1])
+    assert images == rows["08-acc2"].steps * 128 * 2 * 2  # micro-batches x accumulate
+    files = bench.command(rows["08-files"], impl, settings, files=tmp_path)
+    assert files[files.index("--data") + 1] == str(tmp_path)
+    assert rows["08-ch4"].env == {"NCCL_MAX_NCHANNELS": "4"}
+    cpu = bench.Settings("cpu", 2, "cnn", 32, 32, "off", False)
+    cpu_keys = [r.key for r in bench.plan(cpu, ["08"], window=5, warmup=1, windows=3)]
+    assert not {"08-compile", "08-ch4", "08-files"} & set(cpu_keys)
+
+
+def test_lesson_08_ratios_divide_by_their_own_baselines():
+    records = [
+        {"key": "01", "ok": True, "samples_per_s": 100.0},
+        {"key": "01-fp32", "ok": True, "samples_per_s": 50.0},
+        {"key": "08", "ok": True, "samples_per_s": 190.0, "step_ms": 10.0},
+        {"key": "08-fp32", "ok": True, "samples_per_s": 95.0, "single": "01-fp32"},
+        {"key": "08-b100", "ok": False},
+    ]
+    for r, world in zip(records, (1, 1, 2, 2, 2), strict=True):
+        r.update(lesson=r["key"][:2], mode=r["key"], world_size=world, global_batch=8 * world)
+        r.setdefault("step_ms", 1.0)
+        if r["key"].startswith("08-"):
+            r["versus"] = "08"
+    bench.add_ratios(records)
+    assert records[3]["efficiency"] == 0.95  # against one device in fp32, not in bf16
+    assert records[3]["vs_base"] == 0.5 and "vs_base" not in records[2]
+    assert "vs_base" not in records[4]
+    head, *lines = bench.table({"settings": {"device": "cuda"}, "rows": records}).splitlines()
+    assert head.split()[2:4] == ["x", "08"] and "0.500" in lines[3]
+    markdown = bench.table({"settings": {"device": "cuda"}, "rows": records}, markdown=True)
+    assert len({line.count("|") for line in markdown.splitlines()}) == 1, markdown
+
+
 def test_cpu_bench_times_the_lessons_and_writes_a_record_and_a_plot(tmp_path):
     out = tmp_path / "bench.json"
     args = ["--lessons", "01", "03", "04", "--window", "2", "--warmup", "1", "--windows", "2"]
@@ -126,9 +177,11 @@ def test_published_records_are_complete_and_consistent(path: Path):
         assert doc["provenance"].get(key), f"{path.name}: provenance lacks {key}"
     rows = [dict(r) for r in doc["rows"]]
     for r in rows:
-        r.pop("speedup", None), r.pop("efficiency", None), r.pop("step_vs_ddp", None)
+        for key in ("speedup", "efficiency", "step_vs_ddp", "vs_base"):
+            r.pop(key, None)
     bench.add_ratios(rows)
     for stored, computed in zip(doc["rows"], rows, strict=True):
         assert stored.get("efficiency") == computed.get("efficiency"), stored["mode"]
         assert stored.get("step_vs_ddp") == computed.get("step_vs_ddp"), stored["mode"]
+        assert stored.get("vs_base") == computed.get("vs_base"), stored["mode"]
     assert bench.plot([doc])[:4] == b"\x89PNG"
