@@ -4,6 +4,7 @@
     python -m course bench --amp bf16 --channels-last       # Tensor Core speed
     python -m course bench --lessons 01 03 --gpus 2 --impl lessons   # your version
     python -m course bench --lessons 02 --skip 02-tuned     # leave a slow row out
+    python -m course bench --lessons 01 08 --only 01 08 08-compile   # some rows only
     python -m course bench --plot runs/bench/*.json         # redraw the plot from records
 
 One row per way of training, each a launch of a lesson script exactly as its
@@ -150,7 +151,8 @@ def lesson_08_rows(settings: Settings, timing: dict) -> list[Row]:
     """Lesson 08's script as it stands, then one change at a time against it."""
     n, spawn = settings.gpus, ["--nproc", str(settings.gpus), "--backend", settings.backend]
     fp32 = ("off", False)
-    files = dict(window=5, warmup=1, windows=3)  # decoding is slow: fewer, shorter windows
+    # Decoding is slow: shorter windows; two dropped, for the workers' start (seconds each).
+    files = dict(window=5, warmup=2, windows=4)
     variants = [  # key, label, extra flags, Row options
         ("08", "DDP as lesson 03 builds it", [], {}),
         ("08-copy", "gradients copied to buckets", ["--no-bucket-view"], {}),
@@ -224,7 +226,7 @@ def image_files(rows: list[Row], settings: Settings, scratch: Path) -> Path | No
 
     classes = 10
     print(f"  writing {needed:,} PNG images for the image-file rows ...", flush=True)
-    size = min(settings.image_size, 160)  # stored smaller, resized up: decoding stays real
+    size = min(settings.image_size, 112)  # stored smaller, resized up: decoding stays real
     return make_image_folder(
         scratch / "images", classes, -(-needed // classes), size, val_per_class=1
     )
@@ -460,7 +462,7 @@ def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> 
     offset = (len(docs) - 1) * width / 2  # from a group's first bar to its centre
     for i, doc in enumerate(docs):
         rows = {r["key"]: r for r in doc["rows"] if r["ok"]}
-        name = title(doc).split(", batch")[0]
+        name = title(doc).split(" per GPU")[0]
         shown = [key for key in keys if key in rows]
         bars = left.bar(
             [keys.index(k) + i * width for k in shown],
@@ -528,6 +530,7 @@ def parser(prog: str = "python -m course bench") -> argparse.ArgumentParser:
         help="which rows (default: all)",
     )
     p.add_argument("--skip", nargs="+", default=[], metavar="KEY", help="rows to leave out")
+    p.add_argument("--only", nargs="+", default=[], metavar="KEY", help="only these rows")
     p.add_argument("--model", help="default resnet50 on GPUs, cnn on the CPU")
     p.add_argument("--image-size", type=positive_int, help="default 224 for resnet50, else 32")
     p.add_argument(
@@ -594,11 +597,12 @@ def main(argv: list[str] | None = None) -> int:
         args.warmup,
         args.windows or (5 if device == "cuda" else 3),
     )
-    unknown = sorted(set(args.skip) - {row.key for row in rows})
-    if unknown:
-        known = " ".join(row.key for row in rows)
-        raise ValueError(f"--skip {' '.join(unknown)}: no such row; the rows are {known}")
-    rows = [row for row in rows if row.key not in args.skip]
+    for flag, keys in (("--skip", args.skip), ("--only", args.only)):
+        unknown = sorted(set(keys) - {row.key for row in rows})
+        if unknown:
+            known = " ".join(row.key for row in rows)
+            raise ValueError(f"{flag} {' '.join(unknown)}: no such row; the rows are {known}")
+    rows = [r for r in rows if r.key not in args.skip and (not args.only or r.key in args.only)]
     doc = {
         "kind": KIND,
         "settings": settings.__dict__,

@@ -30,7 +30,9 @@ and it is left alone inside a fenced code block:
     one figure of a record (final_accuracy, steps, ...), and
     ``[[todo:NN:K]]`` the location of lesson NN's K-th TODO in its starter.
 ``<!-- bench-plot: docs/results/FOLDER -->``
-    The plot of every ``course bench`` record in that folder, drawn at build time.
+    The plot of every ``course bench`` record in that folder (or of one record:
+    a FILE.json path), drawn at build time. Inline, ``[[bench:FOLDER/FILE:KEY.FIELD]]``
+    quotes one figure of one row of a record (``08.efficiency``, say).
 
 The hook also puts a copy of mermaid, taken from an installed Python package,
 into the site so that diagrams render with no network.
@@ -340,7 +342,9 @@ def render_bench_table(path: str, root: Path = ROOT) -> str:
 
 
 def render_bench_plot(folder: str, root: Path = ROOT) -> str:
-    paths = sorted((root / folder).glob("*.json"))
+    """The plot of every record in a folder, or of one record (a .json path)."""
+    target = root / folder
+    paths = [target] if target.is_file() else sorted(target.glob("*.json"))
     if not paths:
         raise PluginError(f"bench-plot: no *.json records in {folder!r}")
     return _bench().plot_html(_bench_docs(paths, root)) + "\n"
@@ -375,7 +379,7 @@ def run_commands(lesson) -> list[str]:
 
 
 # Not inside `code`: a page may show the syntax itself.
-INLINE = re.compile(r"(?<!`)\[\[(?P<kind>fact|todo):(?P<a>[\w.-]+):(?P<b>[\w.-]+)\]\](?!`)")
+INLINE = re.compile(r"(?<!`)\[\[(?P<kind>fact|todo|bench):(?P<a>[\w./-]+):(?P<b>[\w.-]+)\]\](?!`)")
 
 
 def _record(name: str) -> dict:
@@ -410,8 +414,34 @@ def render_output(name: str) -> str:
     return f"{body}\n\n{note}"
 
 
+def render_bench_figure(record: str, spec: str, root: Path = ROOT) -> str:
+    """[[bench:FOLDER/FILE:KEY.FIELD]]: one figure of one row of a `course bench` record
+    under docs/results (FILE without .json), e.g. [[bench:08_performance/b128:08.efficiency]];
+    KEY.FIELD/KEY.FIELD is the ratio of two figures of the same record (one decimal)."""
+    path = root / "docs" / "results" / f"{record}.json"
+    if not path.is_file():
+        raise PluginError(f"[[bench:{record}:{spec}]]: no record docs/results/{record}.json")
+    (doc,) = _bench_docs([path], root)
+
+    def figure(part: str) -> float:
+        key, _, name = part.rpartition(".")
+        row = next((r for r in doc["rows"] if r["key"] == key), None)
+        if row is None or name not in row:
+            keys = [r["key"] for r in doc["rows"]]
+            raise PluginError(f"[[bench:{record}:{spec}]]: no row/field {part} (rows: {keys})")
+        return row[name]
+
+    if "/" in spec:
+        top, bottom = spec.split("/", 1)
+        return f"{figure(top) / figure(bottom):.1f}"
+    value = figure(spec)
+    return f"{value:,.0f}" if isinstance(value, float) and value >= 100 else str(value)
+
+
 def render_inline(m: re.Match) -> str:
     kind, a, b = m.group("kind"), m.group("a"), m.group("b")
+    if kind == "bench":
+        return render_bench_figure(a, b)
     if kind == "fact":
         facts = _record(a)["facts"]
         if b not in facts:
