@@ -367,3 +367,36 @@ def test_recorded_outputs_facts_todos_and_hints_expand_at_build_time():
     for bad in ("[[fact:01_cpu:nope]]", "[[fact:missing:x]]", "[[todo:01:99]]"):
         with pytest.raises(hook.PluginError):
             hook.expand(bad + "\n", "page.md")
+
+
+def test_bench_figures_quoted_in_prose_come_from_the_records(tmp_path):
+    """[[bench:FOLDER/FILE:KEY.FIELD]] is a figure of one row, KEY.F/KEY.F a ratio of two."""
+    from course import bench
+
+    folder = tmp_path / "docs" / "results" / "r"
+    folder.mkdir(parents=True)
+    rows = [
+        {"key": "01", "lesson": "01", "ok": True, "samples_per_s": 4000.4, "world_size": 1},
+        {"key": "08", "lesson": "08", "ok": True, "samples_per_s": 7900.0, "world_size": 2},
+    ]
+    bench.add_ratios(rows)
+    doc = {"kind": bench.KIND, "settings": {}, "provenance": {}, "rows": rows}
+    (folder / "a.json").write_text(json.dumps(doc), encoding="utf-8")
+    assert hook.render_bench_figure("r/a", "01.samples_per_s", root=tmp_path) == "4,000"
+    assert hook.render_bench_figure("r/a", "08.efficiency", root=tmp_path) == "0.987"
+    assert hook.render_bench_figure("r/a", "08.speedup/01.speedup", root=tmp_path) == "2.0"
+    rows[1]["window_samples_per_s"] = [7000.0, 6500.5, 8000.0]
+    (folder / "a.json").write_text(json.dumps(doc), encoding="utf-8")
+    got = hook.render_bench_figure("r/a", "08.window_samples_per_s", root=tmp_path)
+    assert got == "6,500 to 8,000"
+    for spec in ("09.efficiency", "08.nothing"):
+        with pytest.raises(hook.PluginError, match="no row/field"):
+            hook.render_bench_figure("r/a", spec, root=tmp_path)
+    with pytest.raises(hook.PluginError, match="no record"):
+        hook.render_bench_figure("r/missing", "08.efficiency", root=tmp_path)
+    # On the lesson's page every such reference expanded into a number.
+    page = (DOCS / "lessons" / "08_performance.md").read_text(encoding="utf-8")
+    quoted = re.findall(r"\[\[bench:[^\]]+\]\]", page)
+    assert quoted, "lesson 08's page quotes no measured figure"
+    out = hook.expand(page, "lessons/08_performance.md")
+    assert "[[bench:" not in out

@@ -379,7 +379,7 @@ def run_commands(lesson) -> list[str]:
 
 
 # Not inside `code`: a page may show the syntax itself.
-INLINE = re.compile(r"(?<!`)\[\[(?P<kind>fact|todo|bench):(?P<a>[\w./-]+):(?P<b>[\w.-]+)\]\](?!`)")
+INLINE = re.compile(r"(?<!`)\[\[(?P<kind>fact|todo|bench):(?P<a>[\w./-]+):(?P<b>[\w./-]+)\]\](?!`)")
 
 
 def _record(name: str) -> dict:
@@ -417,7 +417,8 @@ def render_output(name: str) -> str:
 def render_bench_figure(record: str, spec: str, root: Path = ROOT) -> str:
     """[[bench:FOLDER/FILE:KEY.FIELD]]: one figure of one row of a `course bench` record
     under docs/results (FILE without .json), e.g. [[bench:08_performance/b128:08.efficiency]];
-    KEY.FIELD/KEY.FIELD is the ratio of two figures of the same record (one decimal)."""
+    KEY.FIELD/KEY.FIELD is the ratio of two figures of the same record (one decimal), and a
+    list (window_samples_per_s) shows as its range."""
     path = root / "docs" / "results" / f"{record}.json"
     if not path.is_file():
         raise PluginError(f"[[bench:{record}:{spec}]]: no record docs/results/{record}.json")
@@ -435,6 +436,8 @@ def render_bench_figure(record: str, spec: str, root: Path = ROOT) -> str:
         top, bottom = spec.split("/", 1)
         return f"{figure(top) / figure(bottom):.1f}"
     value = figure(spec)
+    if isinstance(value, list):  # a row's timed windows: their range
+        return f"{min(value):,.0f} to {max(value):,.0f}"
     return f"{value:,.0f}" if isinstance(value, float) and value >= 100 else str(value)
 
 
