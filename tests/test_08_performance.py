@@ -173,7 +173,7 @@ def test_one_all_reduce_round_per_optimizer_step(runs, backend):
 
 @pytest.mark.core
 @pytest.mark.points(1)
-def test_replicas_stay_identical_after_every_step(runs, backend):
+def test_replicas_stay_identical_while_accumulating(runs, backend):
     """Both ranks hold the same weights after every optimizer step, accumulating or not."""
     for name in ("acc", "learn"):
         differs = replicas.first_difference(finished(runs, name) / "replicas")

@@ -328,7 +328,8 @@ def test_bench_records_become_tables_and_a_plot_at_build_time(site):
     records = sorted((DOCS / "results" / "scaling_2xh200").glob("*.json"))
     assert records, "no course bench records in docs/results/scaling_2xh200"
     html = (site.path / "results" / "index.html").read_text(encoding="utf-8")
-    assert html.count('class="course-plot"') == 1 and "data:image/png;base64," in html
+    plots = (DOCS / "results.md").read_text(encoding="utf-8").count("<!-- bench-plot:")
+    assert html.count('class="course-plot"') == plots and "data:image/png;base64," in html
     for path in records:
         doc = bench.load(path)
         assert doc["provenance"]["command"] in html
