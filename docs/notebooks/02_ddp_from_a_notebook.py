@@ -90,7 +90,10 @@ except Exception as exc:  # the point of this cell is to show the error
     outcome = f"{type(exc).__name__}: {exc}"
 print("mp.spawn raised ->", outcome)
 print("\nWhat a child printed before it died:")
-print("\n".join(log.read_text().strip().splitlines()[-3:]))
+# The first child to die wrote its whole traceback; the other may have been
+# stopped mid-line by mp.spawn, so show the error line, not the log's last lines.
+lines = log.read_text().strip().splitlines()
+print(next((line for line in lines if "Error:" in line), "\n".join(lines[-3:])))
 
 # %% [markdown]
 # ### Why
