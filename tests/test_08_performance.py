@@ -20,6 +20,9 @@ Equivalence tolerance, from a measured distribution: over seeds 0-11 (gloo,
 PyTorch 2.14.1, 2 cores) `acc` ended 3.0e-8 to 5.3e-8 from `big`, except seed
 8: 1.9e-6 (20 steps of SGD with momentum amplify a rounding difference, as in
 lesson 03). The test allows 1e-4, as lesson 03 does.
+
+Learning threshold, measured the same way: `learn` reached 95.3-98.1 % test
+accuracy over seeds 0-5. The test asks for 80 %, as lesson 03 does.
 """
 
 from __future__ import annotations
