@@ -163,9 +163,8 @@ def lesson_08_rows(settings: Settings, timing: dict) -> list[Row]:
     ]
     rows = []
     if (settings.amp, settings.channels_last) != fp32:  # precision: against fp32 on one device
-        rows.append(Row("01-fp32", "01", "one device, fp32", 1, ["--device", settings.device]))
-        rows[0].speed, rows[0].window, rows[0].warmup = fp32, timing["window"], timing["warmup"]
-        rows[0].windows = timing["windows"]
+        one = ["--device", settings.device]
+        rows.append(Row("01-fp32", "01", "one device, fp32", 1, one, speed=fp32, **timing))
         variants.append(("08-fp32", "fp32, NCHW", [], {"speed": fp32, "single": "01-fp32"}))
     if settings.device == "cuda":  # the CPU version checks code paths, and has no spare cores
         nccl = {"env": {"NCCL_MAX_NCHANNELS": "4"}}  # fewer SMs busy with communication
