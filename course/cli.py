@@ -11,6 +11,7 @@ python -m course hint 03 [2]               # hint 2 of your next unsolved TODO i
 python -m course doctor                    # the reference environment report
 python -m course release [--check]         # regenerate lessons/ from solutions/
 python -m course record [NAME ...]         # re-record the outputs the pages show
+python -m course durations runs/suite.xml  # the suite's seconds by file and kind (--junitxml)
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="time the lessons' own training side by side", add_help=False)
     sub.add_parser("record", help="record the reference outputs the site shows", add_help=False)
     sub.add_parser("bandwidth", help="all_reduce bandwidth by message size", add_help=False)
+    sub.add_parser(
+        "durations", help="the test suite's seconds by file and kind, from a JUnit file",
+        add_help=False,
+    )  # fmt: skip
     sizes = sub.add_parser("sizes", help="code lines of each solution and lines changed per lesson")
     sizes.add_argument("--impl", default="solutions", help="solutions (default) or a folder")
 
@@ -193,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             print(f"python -m course bandwidth: error: {err}", file=sys.stderr)
             return 2
+    if argv[:1] == ["durations"]:
+        from course import durations
+
+        return durations.main(argv[1:])
     if argv[:1] == ["bench"]:
         from course import bench
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -82,11 +84,124 @@ class LessonCalls:
         return self._get(self.outcome.tensors, name)
 
 
-def call_lesson(impl, lesson: registry.Lesson, cases: Path, folder: Path) -> LessonCalls:
-    """Run the case script `cases` on the lesson file of `impl` in a child, in `folder`.
+def call_lesson(impl, lesson: registry.Lesson, cases: Path, folder: Path, only=None) -> LessonCalls:
+    """Run the case script `cases` on the lesson file of `impl` in a child, in `folder`
+    (only the cases named in `only`, when given).
 
     The grading process never imports the submission (see course/calls.py)."""
-    return LessonCalls(calls.run_cases(cases, lesson.path(impl), folder))
+    return LessonCalls(calls.run_cases(cases, lesson.path(impl), folder, only=only))
+
+
+# --- a submission that hangs or fails at import: every test of its lesson fails at once ---
+
+# Importing a lesson file (torch included) took at most 2.2 s on an idle 2-core machine
+# and 6.0 s with four busy loops sharing its two cores (every solution, measured
+# 2026-12-01); 30 s is five times the loaded figure, and stretches with
+# COURSE_TIMEOUT_SCALE. A hanging import therefore fails its lesson in about 30 s, where
+# each test used to wait out its own deadline (217 s for lesson 03).
+IMPORT_DEADLINE_S = 30
+_IMPORT = """
+import importlib.util, os, sys
+path = sys.argv[1]
+sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+spec = importlib.util.spec_from_file_location("submission", path)
+module = importlib.util.module_from_spec(spec)
+sys.modules["submission"] = module
+spec.loader.exec_module(module)
+"""
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b:?.*)$")
+
+
+class ImportProbe:
+    """Imports the lesson's file, as a module, in a child, beside the lesson's first test.
+
+    If the import does not finish within IMPORT_DEADLINE_S, or raises, the lesson's
+    Cancel is set: its launches end (course/procs.py) and its remaining tests fail at once
+    with the same one line. A submission that imports is left alone: a later hang is
+    that test's own failure."""
+
+    def __init__(self, number: str, path: Path):
+        self.number, self.path = number, path
+        self.cancel = procs.Cancel()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        with tempfile.TemporaryDirectory(prefix="course-import-") as folder:
+            result = procs.python(
+                "-c", _IMPORT, self.path, timeout=IMPORT_DEADLINE_S, cwd=folder, cancellable=False
+            )
+        name = f"lesson {self.number}'s {self.path.name}"
+        if result.timed_out:
+            self.cancel.set(
+                f"importing {name} did not finish within {result.timeout:.0f} s: code at the "
+                "top level of the file waits (a loop, a sleep, input(), a collective or a join "
+                "outside main()), so this lesson's tests fail without running"
+            )
+        elif result.returncode != 0:
+            lines = [line for line in result.output.splitlines() if line.strip()]
+            error = next((m.group(1) for ln in reversed(lines) if (m := _RAISED.match(ln))), None)
+            frame = rf'File "[^"]*{re.escape(self.path.name)}", line (\d+)'
+            where = re.findall(frame, result.output)
+            at = f" at {self.path.name}:{where[-1]}" if where else ""
+            self.cancel.set(
+                f"{name} fails at import{at}: {error or (lines[-1] if lines else 'no output')}"
+            )
+
+
+_probes: dict[str, ImportProbe] = {}
+
+
+def _probe_for(item) -> ImportProbe | None:
+    number = lesson_of(item.path)
+    if number is None:
+        return None
+    if number not in _probes:
+        try:
+            path = registry.get(number).path(item.config.course_impl)
+        except LookupError:
+            return None
+        if not path.is_file():
+            return None  # the tests say so in their own words
+        _probes[number] = ImportProbe(number, path)
+    return _probes[number]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    probe = _probe_for(item)
+    procs.current_cancel = probe.cancel if probe is not None else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    # After setup, so that a test the machine cannot run (no GPUs) is still skipped.
+    probe = _probes.get(lesson_of(item.path) or "")
+    if probe is not None and probe.cancel.event.is_set():
+        pytest.fail(probe.cancel.reason, pytrace=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    yield
+    procs.current_cancel = None
+
+
+def needed(request, every) -> list[str]:
+    """Which of the shared launches (or case-script cases) `every` the tests selected to
+    run in this module need. Of the tests that use the requesting fixture, one marked
+    @pytest.mark.needs("a", "b") needs those, an unmarked one needs them all. A full grade
+    launches everything at once, as before; a grade of one test (`-k`, a mutant's
+    `caught_by`) launches only what that test reads."""
+    want: set[str] = set()
+    for item in request.session.items:
+        if getattr(item, "module", None) is not request.module:
+            continue
+        if request.fixturename not in getattr(item, "fixturenames", ()):
+            continue
+        marker = item.get_closest_marker("needs")
+        want |= set(marker.args) if marker is not None else set(every)
+    return [name for name in every if name in want]
 
 
 def lesson_of(path: Path) -> str | None:
@@ -96,6 +211,9 @@ def lesson_of(path: Path) -> str | None:
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        # For `python -m course durations`: each test's markers, in the JUnit file.
+        markers = sorted({m.name for m in item.iter_markers()} & {"mutation", "gpus", "core"})
+        item.user_properties.append(("course_markers", ",".join(markers)))
         lesson = lesson_of(item.path)
         marker = item.get_closest_marker("points")
         if lesson is None and marker is None:
@@ -135,6 +253,11 @@ def pytest_runtest_makereport(item, call):
             f"the grading process imported the submission ({submission_modules(impl)}): "
             "a test must call student code in a child process (course/calls.py)"
         )
+        return
+    # A submission known broken: the same one line for every test of its lesson.
+    probe = _probes.get(lesson_of(item.path) or "")
+    if report.failed and probe is not None and probe.cancel.event.is_set():
+        report.longrepr = probe.cancel.reason
         return
     # An unsolved TODO is not a bug to debug: say which TODO in one line.
     if call.excinfo is not None and call.excinfo.errisinstance(NotImplementedError):

@@ -279,6 +279,31 @@ def child_env(
     return env
 
 
+class Cancel:
+    """A reason to end every launch at once: the grader sets one per lesson and cancels it
+    when the submission is known broken (it hangs or fails at import, course/grading.py),
+    so that the lesson's other tests fail in a second instead of each waiting out its
+    deadline."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.reason = ""
+
+    def set(self, reason: str) -> None:
+        self.reason = reason
+        self.event.set()
+
+
+# The Cancel of the test running now in this process (tests run one at a time per
+# process; the grader sets it before each test and clears it after), or None.
+current_cancel: Cancel | None = None
+
+
+def _not_launched(args, timeout: float, reason: str) -> RunResult:
+    output = f"course: not launched: {reason}\n"
+    return RunResult([str(a) for a in args], None, output, False, 0.0, timeout, 0)
+
+
 def run(
     args: list[str],
     *,
@@ -288,10 +313,16 @@ def run(
     log_dir: str | Path | None = None,
     one_thread: bool = True,
     stop: threading.Event | None = None,
+    cancellable: bool = True,
 ) -> RunResult:
     """Run `args` to completion or until `timeout` seconds pass (scaled by
-    COURSE_TIMEOUT_SCALE), then make sure nothing it started is still alive."""
+    COURSE_TIMEOUT_SCALE), then make sure nothing it started is still alive.
+    A launch also ends when `stop` is set, or the grader's `current_cancel` (unless
+    cancellable=False)."""
     timeout = timeout * timeout_scale()
+    cancel = current_cancel if cancellable else None
+    if cancel is not None and cancel.event.is_set():
+        return _not_launched(args, timeout, cancel.reason)
     extra = dict(env or {})
     extra.setdefault("COURSE_PG_TIMEOUT", f"{max(5.0, timeout * PG_TIMEOUT_SHARE):.0f}")
     if log_dir is not None:
@@ -313,13 +344,14 @@ def run(
         )
         pgid = proc.pid
         limit(proc.pid)
-        timed_out = stopped = False
+        timed_out = stopped = cancelled = False
         deadline = start + timeout
+        watched = stop is not None or cancel is not None
         try:
             while True:  # `stop`: another launch of the same job failed, end this one too
                 left = deadline - time.monotonic()
                 try:
-                    proc.wait(timeout=max(0.0, min(left, 0.2 if stop is not None else left)))
+                    proc.wait(timeout=max(0.0, min(left, 0.2 if watched else left)))
                     break
                 except subprocess.TimeoutExpired:
                     if time.monotonic() >= deadline:
@@ -327,6 +359,9 @@ def run(
                         break
                     if stop is not None and stop.is_set():
                         stopped = True
+                        break
+                    if cancel is not None and cancel.event.is_set():
+                        cancelled = True
                         break
         finally:
             if proc.poll() is None:  # stopped or timed out: end the launcher first, so
@@ -343,13 +378,15 @@ def run(
         output = out.read().decode(errors="replace")
         if stopped:
             output += "\ncourse: stopped, because another launch of the same job failed\n"
+        if cancelled:
+            output += f"\ncourse: stopped: {cancel.reason}\n"
     logs = {}
     if log_dir is not None:
         for path in sorted(Path(log_dir).glob("*.log")):
             logs[path.stem] = path.read_text(errors="replace")
     return RunResult(
         args=[str(a) for a in args],
-        returncode=None if timed_out else proc.returncode,
+        returncode=None if timed_out or cancelled else proc.returncode,
         output=output,
         timed_out=timed_out,
         seconds=time.monotonic() - start,

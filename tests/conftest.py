@@ -5,16 +5,20 @@
   and with nccl on GPUs; the nccl run is skipped unless the machine has the
   GPUs that @pytest.mark.gpus(n) asks for (2 by default).
 - `run_script`: run a lesson script in its own process group with a deadline.
+- `course_without_solutions`: a copy of the course as a class deploys it, with
+  no solutions/ folder, to grade from.
 """
 
 from __future__ import annotations
 
 import functools
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
-from course import loader, procs
+from course import REPO_ROOT, loader, procs
 
 
 @functools.cache
@@ -75,3 +79,25 @@ def run_script(tmp_path):
         return result
 
     return run
+
+
+# What a class deployment ships: the course, its tests and the starters, no solutions/.
+DEPLOYED = ("course", "tests", "lessons", "pyproject.toml")
+
+
+def copy_course(into: Path) -> Path:
+    """A copy of the course without solutions/ (the grader must never need it)."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for name in DEPLOYED:
+        source = REPO_ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, into / name, ignore=ignore)
+        else:
+            shutil.copy2(source, into / name)
+    assert not (into / "solutions").exists()
+    return into
+
+
+@pytest.fixture(scope="session")
+def course_without_solutions(tmp_path_factory) -> Path:
+    return copy_course(tmp_path_factory.mktemp("deployed") / "course")

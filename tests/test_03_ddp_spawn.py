@@ -33,7 +33,7 @@ import pytest
 
 from course import batches, checkpoint, judge, lessons, models, procs, replicas, write_log
 from course.batches import LOG_ENV as BATCH_ENV
-from course.grading import call_lesson
+from course.grading import call_lesson, needed
 from course.replicas import LOG_ENV as REPLICA_ENV
 from course.write_log import WRITE_LOG_ENV
 
@@ -63,7 +63,7 @@ def launch(impl, folder, *args, nproc, backend):
 
 
 @pytest.fixture
-def runs(impl, backend, tmp_path_factory):
+def runs(impl, backend, tmp_path_factory, request):
     """{"ddp": (RunResult, folder), "ref": (RunResult, folder)}, launched once per backend."""
     if backend not in _runs:
         jobs, folders = {}, {}
@@ -79,6 +79,7 @@ def runs(impl, backend, tmp_path_factory):
         folder = folders["learn"] = tmp_path_factory.mktemp(f"learn-{backend}")
         extra = ["--batch-size", 32, "--metrics-out", "metrics.json", "--checkpoint", "ckpt.pt"]
         jobs["learn"] = launch(impl, folder, *extra, nproc=2, backend=backend)
+        jobs = {name: jobs[name] for name in needed(request, tuple(jobs))}
         results = procs.run_all(jobs)
         _runs[backend] = {name: (results[name], folders[name]) for name in jobs}
     return _runs[backend]
@@ -104,6 +105,7 @@ def final_state(folder):
 
 @pytest.mark.core
 @pytest.mark.points(3)
+@pytest.mark.needs("ddp", "ref", "learn")
 def test_two_ranks_equal_one_process_with_the_global_batch(runs, backend):
     """2 ranks x batch 64 end with the parameters of 1 process x batch 128."""
     learned(runs)
@@ -146,6 +148,7 @@ def learned(runs):
 
 @pytest.mark.core
 @pytest.mark.points(1)
+@pytest.mark.needs("learn")
 def test_two_ranks_learn_the_digits(runs, backend):
     """2 ranks x 32 images, 2 epochs of the default model: at least 80 % test accuracy."""
     accuracy = learned(runs)
@@ -157,6 +160,7 @@ def test_two_ranks_learn_the_digits(runs, backend):
 
 @pytest.mark.core
 @pytest.mark.points(1)
+@pytest.mark.needs("ddp")
 def test_replicas_stay_identical_after_every_step(runs, backend):
     """Both ranks hold the same weights after every optimizer step (course/replicas.py)."""
     _, folder = finished(runs)
@@ -169,6 +173,7 @@ def test_replicas_stay_identical_after_every_step(runs, backend):
 
 @pytest.mark.core
 @pytest.mark.points(2)
+@pytest.mark.needs("ddp", "learn")
 def test_ranks_train_on_disjoint_shards_that_change_every_epoch(runs, backend):
     """Each epoch the ranks get disjoint halves of the data, and set_epoch reshuffles them."""
     learned(runs)
@@ -194,6 +199,7 @@ def test_ranks_train_on_disjoint_shards_that_change_every_epoch(runs, backend):
 
 @pytest.mark.core
 @pytest.mark.points(2)
+@pytest.mark.needs("ddp", "learn")
 def test_only_rank_0_writes_files_and_talks(runs, backend):
     """Rank 0 alone writes the checkpoint and metrics and logs the epochs."""
     learned(runs)
@@ -215,6 +221,7 @@ def test_only_rank_0_writes_files_and_talks(runs, backend):
 
 @pytest.mark.core
 @pytest.mark.points(2)
+@pytest.mark.needs("ddp", "learn")
 def test_checkpoint_loads_into_the_plain_lesson_01_model(runs, backend):
     """The checkpoint holds model.module's weights: no "module." prefix, a strict load works."""
     learned(runs)
@@ -231,6 +238,7 @@ def test_checkpoint_loads_into_the_plain_lesson_01_model(runs, backend):
 
 
 @pytest.mark.points(1)
+@pytest.mark.needs("ddp", "learn")
 def test_log_states_the_global_batch(runs, backend):
     """The log and the metrics state the global batch: per-rank batch x world size."""
     learned(runs)

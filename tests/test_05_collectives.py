@@ -19,7 +19,7 @@ import torch
 
 from course import lessons, procs
 from course.calls import CaseFailed
-from course.grading import call_lesson
+from course.grading import call_lesson, needed
 
 LESSON = lessons.get("05")
 CASES = Path(__file__).with_name("cases") / "lesson_05.py"
@@ -36,10 +36,16 @@ def ring_input(world: int, size: int, rank: int) -> torch.Tensor:
 _calls: dict = {}
 
 
+CASE_NAMES = ("ring_2", "ring_3", "ring_4", "ring_large", "ring_nccl")
+
+
 @pytest.fixture
-def calls(impl, tmp_path_factory):
+def calls(impl, tmp_path_factory, request):
+    """The case script's outcome: every case the selected tests need, run in one child."""
     if str(impl) not in _calls:
-        _calls[str(impl)] = call_lesson(impl, LESSON, CASES, tmp_path_factory.mktemp("cases"))
+        folder = tmp_path_factory.mktemp("cases")
+        only = needed(request, CASE_NAMES)
+        _calls[str(impl)] = call_lesson(impl, LESSON, CASES, folder, only=only)
     return _calls[str(impl)]
 
 
@@ -77,7 +83,9 @@ def check_ring(calls, case: str, world: int, sizes) -> None:
 
 @pytest.mark.core
 @pytest.mark.points(3)
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize(
+    "world", [pytest.param(n, marks=pytest.mark.needs(f"ring_{n}")) for n in (2, 3, 4)]
+)
 def test_ring_all_reduce_sums_over_every_rank(calls, world):
     """Every rank ends with the exact sum, for 2, 3 and 4 ranks and uneven lengths."""
     check_ring(calls, f"ring_{world}", world, SIZES)
@@ -85,6 +93,7 @@ def test_ring_all_reduce_sums_over_every_rank(calls, world):
 
 @pytest.mark.core
 @pytest.mark.points(2)
+@pytest.mark.needs("ring_large")
 def test_ring_all_reduce_sums_a_large_tensor(calls):
     """16 MB over 2 ranks, summed exactly."""
     check_ring(calls, "ring_large", 2, (LARGE,))
@@ -92,6 +101,7 @@ def test_ring_all_reduce_sums_a_large_tensor(calls):
 
 @pytest.mark.gpus(2)
 @pytest.mark.points(2)
+@pytest.mark.needs("ring_nccl")
 def test_ring_all_reduce_on_two_gpus(calls):
     """The same sums with nccl, on two GPUs."""
     check_ring(calls, "ring_nccl", 2, SIZES)

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from course import lessons, procs
+from course.grading import needed
 from course.ranks import free_port
 
 LESSON = lessons.get("07")
@@ -46,7 +47,7 @@ def launcher(impl, *args, delay: float = 0.0) -> list[str]:
 
 
 @pytest.fixture
-def runs(impl, backend, tmp_path_factory):
+def runs(impl, backend, tmp_path_factory, request):
     if backend not in _runs:
         folders = {
             name: tmp_path_factory.mktemp(f"{name}-{backend}") for name in ("two", "one", "wrong")
@@ -59,17 +60,23 @@ def runs(impl, backend, tmp_path_factory):
             gpu = {"CUDA_VISIBLE_DEVICES": str(node)} if backend == "nccl" else {}
             delay = STAGGER if node == 0 else 0.0
             jobs[f"node{node}"] = dict(
-                args=launcher(impl, *args, delay=delay), timeout=120, cwd=folders["two"], env=gpu
+                args=launcher(impl, *args, delay=delay),
+                timeout=120,
+                cwd=folders["two"],
+                env=gpu,
+                log_dir=folders["two"] / "ranks",  # a failure shows every rank's last lines
             )
         args = ["--nproc-per-node", 2, "--endpoint", f"127.0.0.1:{free_port()}", "--job-id", "one"]
         jobs["one"] = dict(
             args=launcher(impl, *args, "--", JOB, folders["one"], backend),
             timeout=120,
             cwd=folders["one"],
+            log_dir=folders["one"] / "ranks",
         )
         args = ["--nnodes", 2, "--node-rank", 1, "--endpoint", f"127.0.0.1:{free_port()}"]
         args += ["--connect-timeout", WRONG_TIMEOUT, "--", JOB, folders["wrong"], backend]
         jobs["wrong"] = dict(args=launcher(impl, *args), timeout=WRONG_LIMIT, cwd=folders["wrong"])
+        jobs = {name: jobs[name] for name in needed(request, tuple(jobs))}
         _runs[backend] = (procs.run_all(jobs), folders)
     return _runs[backend]
 
@@ -88,6 +95,7 @@ def finished(runs, *names):
 
 @pytest.mark.core
 @pytest.mark.points(3)
+@pytest.mark.needs("node0", "node1", "one")
 def test_two_launchers_make_one_job_of_two_ranks(runs, backend):
     """Two launchers, one process each: world size 2, ranks 0 and 1, LOCAL_RANK 0 on both."""
     folders = finished(runs, "node0", "node1")
@@ -114,6 +122,7 @@ def test_two_launchers_make_one_job_of_two_ranks(runs, backend):
 
 @pytest.mark.core
 @pytest.mark.points(2)
+@pytest.mark.needs("node0", "node1", "one")
 def test_two_nodes_train_exactly_like_one_node_with_two_processes(runs, backend):
     folders = finished(runs, "node0", "node1", "one")
     two, one = (torch.load(folders[n] / "final.pt", weights_only=True) for n in ("two", "one"))
@@ -126,6 +135,7 @@ def test_two_nodes_train_exactly_like_one_node_with_two_processes(runs, backend)
 
 @pytest.mark.core
 @pytest.mark.points(2)
+@pytest.mark.needs("wrong")
 def test_a_wrong_endpoint_fails_fast_in_one_line(runs, backend):
     """Nothing listens at the endpoint: the launcher gives up after --connect-timeout 5."""
     results, _ = runs

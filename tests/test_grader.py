@@ -98,6 +98,37 @@ def test_function_that_never_returns_fails_within_the_timeout(tmp_path):
     assert run.seconds < 30
 
 
+@pytest.mark.parametrize(
+    "top, words",
+    [
+        ("import time\ntime.sleep(10**6)  # waits at import\n", "did not finish within"),
+        ("import not_a_module_of_the_course\n", "fails at import at train.py:"),
+    ],
+    ids=["hangs", "raises"],
+)
+def test_a_submission_broken_at_import_fails_its_lesson_at_once(tmp_path, top, words):
+    """Lesson 03 whose file hangs (or raises) at import: every test of the lesson fails with
+    the same one line, as soon as the grader's import check knows, instead of each test
+    waiting out its own deadline (the launches alone wait 120 s)."""
+    from course.grading import IMPORT_DEADLINE_S
+
+    submission = tmp_path / "submission"
+    shutil.copytree(REPO_ROOT / "solutions" / "03_ddp_spawn", submission / "03_ddp_spawn")
+    script = submission / "03_ddp_spawn" / "train.py"
+    source = script.read_text()
+    script.write_text(source.replace("\nimport torch\n", f"\n{top}import torch\n", 1))
+    results, run = grade(tmp_path, lesson_test_files(lessons.get("03")), f"--impl={submission}")
+    graded = [t for t in results["tests"] if t["status"] != "skipped"]
+    assert graded and all(t["status"] == "failed" for t in graded), run.describe(30)
+    reasons = {t["output"].strip() for t in graded}
+    assert len(reasons) == 1 and words in reasons.pop(), f"expected one shared line: {reasons}"
+    limit = (IMPORT_DEADLINE_S + 60) * procs.timeout_scale()  # the check, plus pytest's start
+    assert run.seconds < limit, (
+        f"the lesson took {run.seconds:.0f} s to grade; a broken import should end it within "
+        f"{limit:.0f} s (each launch alone waits up to 120 s)"
+    )
+
+
 def test_a_killed_grading_leaves_a_zero_score_file(tmp_path):
     """The results file is written when the session starts (score 0) and, for real,
     only at its end: a grading killed halfway (by a test, or by a submission that

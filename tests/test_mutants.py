@@ -7,9 +7,18 @@ differently (its own atomic save instead of course.checkpoint.save, say);
 every test of the lesson must pass on it. Each case grades one lesson in a
 subprocess, as `python -m course grade` would, on gloo.
 
-Cost: a lesson-03 case takes about 15 s and a lesson-04 case about 40 s on
-two cores; they run in the normal suite (CI included), marked `mutation`,
-so `-m "not mutation"` skips them while iterating.
+Every case is graded by a copy of the course that has no solutions/ folder
+(conftest.py's `course_without_solutions`), as in a class deployment: a grader
+that read the reference instead of `--impl` would pass every mutant, and the alternatives,
+which run every test of their lesson, show that each lesson grades a correct
+submission in full without the reference beside it. Every lesson has at least
+one alternative, so together they grade the whole course once that way
+(test_integrity.py used to grade it a second time, inside the suite).
+
+A mutant stops at its first failing test (`-x`): one rejection is enough.
+They run in the normal suite (CI included), marked `mutation`, so
+`-m "not mutation"` skips them while iterating; `python -m course durations`
+shows what each costs.
 """
 
 from __future__ import annotations
@@ -53,8 +62,9 @@ def apply(tmp_path: Path, file: str, case: dict) -> Path:
     return impl
 
 
-def grade(number: str, impl: Path, *options: str):
-    return procs.run([*grade_command([number], impl), *options], timeout=300, cwd=REPO_ROOT)
+def grade(number: str, impl: Path, root: Path, *options: str):
+    command = grade_command([number], impl, root=root)
+    return procs.run([*command, *options], timeout=300, cwd=root)
 
 
 def todo_blocks(source: str) -> list[tuple[int, int]]:
@@ -91,12 +101,18 @@ def test_every_todo_has_a_mutant_and_every_case_applies_once():
             assert hit, f"{module.FILE}:{line}: this TODO block has no mutant in {path.name}"
     solved = {p.parent.name for p in (REPO_ROOT / "solutions").glob("*/*.py")}
     assert solved <= lessons_seen, f"lessons without mutants: {sorted(solved - lessons_seen)}"
+    # The alternatives are also what grades each lesson in full without solutions/.
+    bare = [
+        path.name for path in sorted(MUTANT_DIR.glob("lesson_*.py")) if not load(path).ALTERNATIVES
+    ]
+    assert not bare, f"lessons without an honest alternative: {bare}"
 
 
 @pytest.mark.mutation
 @pytest.mark.parametrize(("number", "file", "case"), list(cases("MUTANTS")))
-def test_mutant_is_rejected(tmp_path, number, file, case):
-    run = grade(number, apply(tmp_path, file, case), "-k", case["caught_by"])
+def test_mutant_is_rejected(tmp_path, course_without_solutions, number, file, case):
+    impl = apply(tmp_path, file, case)
+    run = grade(number, impl, course_without_solutions, "-k", case["caught_by"], "-x")
     assert not run.timed_out, run.describe()
     assert "passed" in run.output or "failed" in run.output, run.describe()
     assert run.returncode != 0, (
@@ -107,8 +123,8 @@ def test_mutant_is_rejected(tmp_path, number, file, case):
 
 @pytest.mark.mutation
 @pytest.mark.parametrize(("number", "file", "case"), list(cases("ALTERNATIVES")))
-def test_honest_alternative_passes(tmp_path, number, file, case):
-    run = grade(number, apply(tmp_path, file, case))
+def test_honest_alternative_passes(tmp_path, course_without_solutions, number, file, case):
+    run = grade(number, apply(tmp_path, file, case), course_without_solutions)
     assert run.returncode == 0, (
         f"lesson {number}: the correct alternative '{case['name']}' ({case['why']}) "
         f"lost points\n{run.describe(lines=40)}"

