@@ -62,6 +62,23 @@ def pytest_configure(config):
     config.pluginmanager.register(GradeBook(config), "course-gradebook")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """With -n N: a lesson's tests share launches cached in their module, so they go to one
+    worker together (sent to two, each worker would launch them all); every other test
+    is spread on its own, as xdist's default `load` does."""
+    if config.getvalue("dist") != "load":
+        return None  # the caller asked for another scheme: keep it
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LessonScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return file if lesson_of(Path(file)) else nodeid
+
+    return LessonScheduling(config, log)
+
+
 class LessonCalls:
     """A lesson's functions as called in a child process by its case script
     (course/calls.py): `calls("case")` is the value the case returned, and a
