@@ -15,6 +15,11 @@ A test's seconds are its setup, call and teardown, as pytest reports them; a
 launch shared by several tests counts for the first one that waits for it. With
 `-n 2` the sums exceed the wall time (two tests run at once): the wall time is
 the JUnit file's own total.
+
+The budget (docs/contributing.md): a lesson's tests and its mutation cases
+together add at most LESSON_BUDGET_S to `.ci/run` on two cores, that is twice
+that in test time (two workers). The "by lesson" table adds them up and marks
+a lesson over budget.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MARKERS_PROPERTY = "course_markers"
+SUITE_BUDGET_S = 1200  # `.ci/run` in full on two cores, install included
+QUICK_BUDGET_S = 300  # `pytest -m "not mutation" -n 2`
+LESSON_BUDGET_S = 120  # what one lesson (tests and mutants) adds to `.ci/run`
+WORKERS = 2  # the suite's `-n 2`: a second of wall time is two seconds of test time
+MUTANT_ID = re.compile(r"\[(\d\d)-")
 KINDS = ("mutation", "gpus", "lessons", "other")
 LESSON_FILE = re.compile(r"(?:^|/)test_\d\d_[^/]*\.py$")
 
@@ -39,6 +49,15 @@ class Test:
     seconds: float
     markers: tuple[str, ...]
     outcome: str
+
+    @property
+    def lesson(self) -> str | None:
+        """The lesson a test grades: tests/test_NN_*.py, or a mutation case NN-..."""
+        if found := re.search(r"(?:^|/)test_(\d\d)_", self.file):
+            return found.group(1)
+        if "mutation" in self.markers and (found := MUTANT_ID.search(self.name)):
+            return found.group(1)
+        return None
 
     @property
     def kind(self) -> str:
@@ -91,14 +110,33 @@ def report(tests: list[Test], wall: float) -> str:
         by_file[test.file].append(test)
         by_kind[test.kind].append(test)
     failed = sum(t.outcome in ("failed", "error") for t in tests)
+    lessons: dict[str, list[Test]] = defaultdict(list)
+    for test in tests:
+        if test.lesson:
+            lessons[test.lesson].append(test)
     lines = [
         f"{len(tests)} tests ({failed} failed), {total:.0f} s of test time, {wall:.0f} s wall time",
         "",
         *table("by kind", {k: v for k, v in by_kind.items() if v}, total),
         "",
         *table("by file", by_file, total),
+        "",
+        *by_lesson(lessons),
     ]
     return "\n".join(lines)
+
+
+def by_lesson(lessons: dict[str, list[Test]]) -> list[str]:
+    """Each lesson's tests and mutation cases, as wall time on WORKERS workers, against
+    LESSON_BUDGET_S."""
+    lines = [f"{'by lesson (tests + mutants)':<36}{'tests':>7}{'mutants':>9}{'~wall':>8}  budget"]
+    for number, group in sorted(lessons.items()):
+        own = sum(t.seconds for t in group if t.kind != "mutation")
+        mutants = sum(t.seconds for t in group if t.kind == "mutation")
+        wall = (own + mutants) / WORKERS
+        verdict = "ok" if wall <= LESSON_BUDGET_S else f"OVER {LESSON_BUDGET_S} s"
+        lines.append(f"{'lesson ' + number:<36}{own:>7.0f}{mutants:>9.0f}{wall:>8.0f}  {verdict}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

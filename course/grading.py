@@ -207,7 +207,8 @@ def pytest_runtest_teardown(item):
 def needed(request, every) -> list[str]:
     """Which of the shared launches (or case-script cases) `every` the tests selected to
     run in this module need. Of the tests that use the requesting fixture, one marked
-    @pytest.mark.needs("a", "b") needs those, an unmarked one needs them all. A full grade
+    @pytest.mark.needs("a", "b") needs those (a name may use the test's parameters,
+    "ring_{world}"), an unmarked one needs them all. A full grade
     launches everything at once, as before; a grade of one test (`-k`, a mutant's
     `caught_by`) launches only what that test reads."""
     want: set[str] = set()
@@ -217,7 +218,9 @@ def needed(request, every) -> list[str]:
         if request.fixturename not in getattr(item, "fixturenames", ()):
             continue
         marker = item.get_closest_marker("needs")
-        want |= set(marker.args) if marker is not None else set(every)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        # A name may use the test's parameters: needs("ring_{world}").
+        want |= {a.format(**params) for a in marker.args} if marker is not None else set(every)
     return [name for name in every if name in want]
 
 

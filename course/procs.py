@@ -269,6 +269,9 @@ def child_env(
     threads = QUIET_ENV if one_thread else {"PYTHONUNBUFFERED": "1"}
     env = {**os.environ, **threads, **ELASTIC_ENV, **(extra or {}), **SAFE_GPU_ENV}
     env = {key: value for key, value in env.items() if value is not None}  # None: unset it
+    # The caller's pytest options (a --junitxml for the suite, say) are not the grade's:
+    # a nested grading gets only the options its command line gives.
+    env.pop("PYTEST_ADDOPTS", None)
     # The lesson scripts import `course`; make that work for a student folder
     # anywhere on disk and on machines where the package is not pip-installed.
     # SITE_DIR's sitecustomize installs the grader's probes (course/probes.py),

@@ -83,9 +83,8 @@ def check_ring(calls, case: str, world: int, sizes) -> None:
 
 @pytest.mark.core
 @pytest.mark.points(3)
-@pytest.mark.parametrize(
-    "world", [pytest.param(n, marks=pytest.mark.needs(f"ring_{n}")) for n in (2, 3, 4)]
-)
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.needs("ring_{world}")
 def test_ring_all_reduce_sums_over_every_rank(calls, world):
     """Every rank ends with the exact sum, for 2, 3 and 4 ranks and uneven lengths."""
     check_ring(calls, f"ring_{world}", world, SIZES)

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from course import REPO_ROOT, procs
+from course import REPO_ROOT, durations, procs
 
 # The top-level modules that only the `dev` extras install (with what they pull in).
 DEV_MODULES = (
@@ -73,3 +73,43 @@ def test_the_suite_collects_without_the_dev_extras(tmp_path):
     assert not any(
         line.startswith("tests/test_site.py::") for line in blocked.output.splitlines()
     ), "test_site.py needs mkdocs: without it the module should skip, not be collected"
+
+
+def test_the_contributing_page_states_the_budgets_the_report_checks():
+    page = (REPO_ROOT / "docs" / "contributing.md").read_text()
+    budgets = {
+        "`.ci/run` in full": durations.SUITE_BUDGET_S,
+        "the quick loop": durations.QUICK_BUDGET_S,
+        "one lesson's tests and mutants": durations.LESSON_BUDGET_S,
+    }
+    for what, seconds in budgets.items():
+        row = next((line for line in page.splitlines() if what in line and "|" in line), "")
+        assert f"| {seconds} s |" in row, f"the budget row for {what!r} should say {seconds} s"
+
+
+def test_the_report_marks_a_lesson_over_its_budget(tmp_path):
+    """A lesson's tests and its mutation cases count together, halved for two workers."""
+    budget = durations.LESSON_BUDGET_S
+    cases = [
+        ("tests.test_03_ddp_spawn", "test_learns[gloo]", 30.0, ""),
+        ("tests.test_mutants", "test_mutant_is_rejected[03-no_set_epoch]", 2 * budget, "mutation"),
+        ("tests.test_04_torchrun", "test_only_rank_0_writes_files[gloo]", 40.0, "core"),
+        ("tests.test_mutants", "test_honest_alternative_passes[04-own]", 50.0, "mutation"),
+        ("tests.test_course_procs", "test_kill", 5.0, ""),
+    ]
+    body = "".join(
+        f'<testcase classname="{cls}" name="{name}" time="{t}"><properties>'
+        f'<property name="course_markers" value="{marks}"/></properties></testcase>'
+        for cls, name, t, marks in cases
+    )
+    junit = tmp_path / "suite.xml"
+    junit.write_text(f'<testsuites><testsuite time="200">{body}</testsuite></testsuites>')
+    tests, wall = durations.read(junit)
+    assert wall == 200 and [t.lesson for t in tests] == ["03", "03", "04", "04", None]
+    lines = {line.split()[1]: line for line in durations.by_lesson(
+        {n: [t for t in tests if t.lesson == n] for n in ("03", "04")}
+    )[1:]}  # fmt: skip
+    assert lines["03"].endswith(f"OVER {budget} s"), lines["03"]  # (30 + 240) / 2 = 135
+    assert lines["04"].endswith("ok"), lines["04"]  # (40 + 50) / 2 = 45
+    report = durations.report(tests, wall)
+    assert "mutation" in report and "tests/test_mutants.py" in report
