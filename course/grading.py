@@ -26,7 +26,6 @@ import os
 import re
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -115,7 +114,8 @@ def call_lesson(impl, lesson: registry.Lesson, cases: Path, folder: Path, only=N
 # and 6.0 s with four busy loops sharing its two cores (every solution, measured
 # 2026-12-01); 30 s is five times the loaded figure, and stretches with
 # COURSE_TIMEOUT_SCALE. A hanging import therefore fails its lesson in about 30 s, where
-# each test used to wait out its own deadline (217 s for lesson 03).
+# each test used to wait out its own deadline (217 s for lesson 03). The check costs one
+# import (2 s) per lesson and grading session.
 IMPORT_DEADLINE_S = 30
 _IMPORT = """
 import importlib.util, os, sys
@@ -130,18 +130,21 @@ _RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b:?.*
 
 
 class ImportProbe:
-    """Imports the lesson's file, as a module, in a child, beside the lesson's first test.
+    """Imports the lesson's file, as a module, in a child, before the lesson's first test.
 
     If the import does not finish within IMPORT_DEADLINE_S, or raises, the lesson's
-    Cancel is set: its launches end (course/procs.py) and its remaining tests fail at once
-    with the same one line. A submission that imports is left alone: a later hang is
-    that test's own failure."""
+    Cancel is set: its launches never start (course/procs.py) and every test of the
+    lesson fails at once with the same one line. A submission that imports is left
+    alone: a later hang is that test's own failure.
+
+    It runs before the test, not beside it: a submission that kills its parent at import
+    (tests/test_integrity.py) would otherwise kill the grader while the test's own
+    launches still start, and those, orphaned, would be handed to the process above."""
 
     def __init__(self, number: str, path: Path):
         self.number, self.path = number, path
         self.cancel = procs.Cancel()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
+        self._run()
 
     def _run(self) -> None:
         with tempfile.TemporaryDirectory(prefix="course-import-") as folder:

@@ -258,7 +258,9 @@ ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def child_env(
-    extra: dict[str, str | None] | None = None, one_thread: bool = True
+    extra: dict[str, str | None] | None = None,
+    one_thread: bool = True,
+    course_root: str | Path | None = None,
 ) -> dict[str, str]:
     """The environment for a child: the caller's, plus the course's settings.
 
@@ -276,8 +278,13 @@ def child_env(
     # anywhere on disk and on machines where the package is not pip-installed.
     # SITE_DIR's sitecustomize installs the grader's probes (course/probes.py),
     # armed only by their COURSE_* variables.
-    paths = [str(REPO_ROOT), str(SITE_DIR)]
-    paths += filter(None, env.get("PYTHONPATH", "").split(os.pathsep))
+    # course_root: another copy of the course (a class deployment without solutions/)
+    # whose grader the child runs: its `course` must come first, and this one's not at all,
+    # or the sitecustomize on this one's path would import this course before the other.
+    root = Path(course_root) if course_root is not None else REPO_ROOT
+    ours = {str(REPO_ROOT), str(SITE_DIR)}
+    paths = [str(root), str(root / "course" / "_site")]
+    paths += (p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in ours)
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env
 
@@ -317,11 +324,12 @@ def run(
     one_thread: bool = True,
     stop: threading.Event | None = None,
     cancellable: bool = True,
+    course_root: str | Path | None = None,
 ) -> RunResult:
     """Run `args` to completion or until `timeout` seconds pass (scaled by
     COURSE_TIMEOUT_SCALE), then make sure nothing it started is still alive.
     A launch also ends when `stop` is set, or the grader's `current_cancel` (unless
-    cancellable=False)."""
+    cancellable=False). course_root: the child runs another copy of the course."""
     timeout = timeout * timeout_scale()
     cancel = current_cancel if cancellable else None
     if cancel is not None and cancel.event.is_set():
@@ -341,7 +349,7 @@ def run(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=cwd,
-            env=child_env(extra, one_thread),
+            env=child_env(extra, one_thread, course_root),
             start_new_session=True,
             **user,
         )

@@ -64,7 +64,7 @@ def apply(tmp_path: Path, file: str, case: dict) -> Path:
 
 def grade(number: str, impl: Path, root: Path, *options: str):
     command = grade_command([number], impl, root=root)
-    return procs.run([*command, *options], timeout=300, cwd=root)
+    return procs.run([*command, *options], timeout=300, cwd=root, course_root=root)
 
 
 def todo_blocks(source: str) -> list[tuple[int, int]]:
