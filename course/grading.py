@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from course import calls, procs
+from course import calls, loader, procs
 from course import lessons as registry
 from course.files import write_json_atomic
 
@@ -147,6 +147,11 @@ class ImportProbe:
         self._run()
 
     def _run(self) -> None:
+        try:
+            loader.check_script(self.path)  # parses only, runs nothing
+        except loader.LessonError as err:
+            self.cancel.set(str(err))  # the same line the tests give a file that won't parse
+            return
         with tempfile.TemporaryDirectory(prefix="course-import-") as folder:
             result = procs.python(
                 "-c", _IMPORT, self.path, timeout=IMPORT_DEADLINE_S, cwd=folder, cancellable=False
