@@ -135,8 +135,12 @@ class Cases:
         self.cases[function.__name__] = function
         return function
 
-    def spawn(self, target: Callable, world: int, *args, what: str) -> None:
-        """Run target(rank, world, port, *args) in `world` ranks (mp.spawn, a free port).
+    def spawn(self, target: Callable, world: int, *args, what: str, cuda: bool = False) -> None:
+        """Run target(rank, world, port, *args) in `world` ranks, on a free port.
+
+        CPU ranks are forked from this process, which has imported torch and the lesson
+        already: a spawned rank imports both again (1.5-3 s of CPU each, most of a case's
+        cost). CUDA ranks (`cuda`) are spawned: CUDA does not survive a fork.
 
         Ranks that deadlock wait for the process-group timeout, half the grader's deadline
         for the case script: after one such case the others would not fit in the rest, so
@@ -148,7 +152,9 @@ class Cases:
         if self.hung:
             raise RuntimeError(f"not run: the {self.hung} timed out (see that test)")
         try:
-            mp.spawn(target, args=(world, ranks.free_port(), *args), nprocs=world)
+            args = (world, ranks.free_port(), *args)
+            method = "spawn" if cuda else "fork"
+            mp.start_processes(target, args=args, nprocs=world, start_method=method)
         except Exception as err:
             if "timed out" in str(err).lower():
                 self.hung = what

@@ -48,7 +48,7 @@ def ring(world: int, sizes, backend: str = "gloo") -> Tensors:
     out = cases.out / f"ranks-{backend}"
     out.mkdir(parents=True, exist_ok=True)
     args = (str(cases.lesson_file), str(out), sizes, backend)
-    cases.spawn(_rank, world, *args, what=f"{world}-rank ring")
+    cases.spawn(_rank, world, *args, what=f"{world}-rank ring", cuda=backend == "nccl")
     got = {}
     for rank in range(world):
         saved = torch.load(out / f"ring-{world}-{rank}.pt", weights_only=True)

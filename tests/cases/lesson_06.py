@@ -153,7 +153,7 @@ def drive(world: int, backend: str = "gloo") -> Tensors:
     out = cases.out / f"ranks-{backend}-{world}"
     out.mkdir(parents=True, exist_ok=True)
     args = (str(cases.lesson_file), str(out), backend)
-    cases.spawn(_rank, world, *args, what=f"{world} {backend} ranks")
+    cases.spawn(_rank, world, *args, what=f"{world} {backend} ranks", cuda=backend == "nccl")
     tensors, notes = {}, {}
     for rank in range(world):
         tensors |= torch.load(out / f"rank{rank}.pt", weights_only=True)
