@@ -3,7 +3,8 @@
 course/_site/sitecustomize.py runs `install()` at the start of every Python
 process that has course/_site on its PYTHONPATH (course.procs puts it there
 for everything it launches). Each probe is armed by its environment variable
-and costs nothing otherwise:
+and costs nothing otherwise; those that hook into torch wait until the process
+imports it (`after_torch_import`):
 
     COURSE_STEP_LOG     step timestamps for `course bench` (course/step_clock.py)
     COURSE_WRITE_LOG    which rank wrote which file (course/write_log.py)
@@ -39,10 +40,6 @@ ENVIRONMENT = (
 def install() -> None:
     if not any(os.environ.get(name) for name in ENVIRONMENT):
         return  # the common case: a plain run, nothing to watch
-    if os.environ.get("COURSE_STEP_LOG"):
-        from course import step_clock
-
-        step_clock.install()
     if os.environ.get("COURSE_WRITE_LOG"):
         from course import write_log
 
@@ -51,6 +48,18 @@ def install() -> None:
         from course import rank_logs
 
         rank_logs.install()
+    # The others hook into torch: armed once the process imports it, never before. Every
+    # lesson process imports torch first thing; the processes that never do (the
+    # resource tracker beside each mp.spawn, helpers) would import it only for the
+    # probes, 2 s of CPU each.
+    after_torch_import(_install_torch_probes)
+
+
+def _install_torch_probes() -> None:
+    if os.environ.get("COURSE_STEP_LOG"):
+        from course import step_clock
+
+        step_clock.install()
     if os.environ.get("COURSE_BATCH_LOG"):
         from course import batches
 
@@ -66,3 +75,34 @@ def install() -> None:
     from course import chaos
 
     chaos.install()
+
+
+def after_torch_import(callback) -> None:
+    """Run `callback` now if torch is imported, else right after `import torch` finishes
+    (before the importer's next statement)."""
+    import sys
+
+    if "torch" in sys.modules:
+        callback()
+        return
+    import importlib.abc
+    import importlib.util
+
+    class _TorchImported(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name != "torch":
+                return None
+            sys.meta_path.remove(self)  # once; the real finders locate torch
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.loader is None:
+                return spec
+            execute = spec.loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                callback()
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _TorchImported())

@@ -119,6 +119,12 @@ def test_mutant_is_rejected(tmp_path, course_without_solutions, number, file, ca
         f"lesson {number}: the mutant '{case['name']}' ({case['why']}) passed the tests "
         f"matching '{case['caught_by']}'\n{run.describe()}"
     )
+    missing = [words for words in case.get("says", ()) if words not in run.output]
+    assert not missing, (
+        f"lesson {number}: the mutant '{case['name']}' was rejected, but the report does not "
+        f"say {missing}\n{run.output[-3000:]}"
+    )
+    assert not procs.group_alive(run.pgid), f"{case['name']}: processes outlived the grade"
 
 
 @pytest.mark.mutation

@@ -8,6 +8,7 @@ returns what each rank's tensor holds afterwards; the test computes the sums its
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -44,9 +45,18 @@ def _rank(rank, world, port, lesson_file, out, sizes, backend="gloo") -> None:
         dist.destroy_process_group()
 
 
+# A correct gloo ring never waits long in one send or receive: every case, 2-4 ranks and
+# 16 MB, passed with a 0.3 s process-group timeout (twice, four busy loops on two cores,
+# 2026-12-01). The ranks get 10 s, 30x that: a ring that deadlocks (blocking sends first)
+# fails in 10 s instead of waiting out half the case script's deadline.
+RING_PG_TIMEOUT_S = 10
+
+
 def ring(world: int, sizes, backend: str = "gloo") -> Tensors:
     out = cases.out / f"ranks-{backend}"
     out.mkdir(parents=True, exist_ok=True)
+    if backend == "gloo":  # the ranks read it in ranks.join_local (forked: they inherit it)
+        os.environ["COURSE_PG_TIMEOUT"] = str(RING_PG_TIMEOUT_S)
     args = (str(cases.lesson_file), str(out), sizes, backend)
     cases.spawn(_rank, world, *args, what=f"{world}-rank ring", cuda=backend == "nccl")
     got = {}

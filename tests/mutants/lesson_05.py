@@ -2,8 +2,9 @@
 
 Each entry rewrites the reference solution: `old` must appear exactly once in
 solutions/05_collectives/collectives.py and becomes `new`. A mutant must be rejected
-by the tests whose names contain `caught_by`; an alternative must pass every
-test of the lesson. tests/test_mutants.py applies them.
+by the tests whose names contain `caught_by` (and its report contain the words in
+`says`, if given); an alternative must pass every test of the lesson.
+tests/test_mutants.py applies them.
 """
 
 FILE = "05_collectives/collectives.py"
@@ -16,6 +17,9 @@ MUTANTS = [
         old="        request = dist.isend(send, right) if send.numel() else None\n",
         new="        request = dist.send(send, right) if send.numel() else None\n",
         caught_by="sums_over_every_rank",
+        # The report names the hang and its fix (the process-group timeout fires before
+        # any deadline kills the run): tests/test_mutants.py checks these words.
+        says=("ring did not finish", "dist.isend"),
     ),
     dict(
         name="received_chunk_overwrites",
