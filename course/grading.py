@@ -63,9 +63,12 @@ def pytest_configure(config):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """With -n N: a lesson's tests share launches cached in their module, so they go to one
-    worker together (sent to two, each worker would launch them all); every other test
-    is spread on its own, as xdist's default `load` does."""
+    """With -n N: a test file's tests go to one worker together. A lesson's tests share
+    launches cached in their module, and other files share module fixtures (the site's
+    build, the recorded runs): sent to two workers, each would run them. The files of
+    SPREAD, whose tests are independent gradings, are spread test by test, as xdist's
+    default `load` does, and run last (pytest_collection_modifyitems): small pieces
+    that fill both workers to the end."""
     if config.getvalue("dist") != "load":
         return None  # the caller asked for another scheme: keep it
     from xdist.scheduler import LoadScopeScheduling
@@ -73,7 +76,7 @@ def pytest_xdist_make_scheduler(config, log):
     class LessonScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::", 1)[0]
-            return file if lesson_of(Path(file)) else nodeid
+            return nodeid if Path(file).name in SPREAD else file
 
     return LessonScheduling(config, log)
 
@@ -237,7 +240,12 @@ def lesson_of(path: Path) -> str | None:
     return match.group(1) if match else None
 
 
+# The course's own suite: files of independent gradings, one test each (see the scheduler).
+SPREAD = ("test_mutants.py", "test_grader.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.path.name in SPREAD)  # stable: the rest keep their order
     for item in items:
         # For `python -m course durations`: each test's markers, in the JUnit file.
         markers = sorted({m.name for m in item.iter_markers()} & {"mutation", "gpus", "core"})
