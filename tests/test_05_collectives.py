@@ -7,7 +7,11 @@ A ring in which every rank sends before it receives, with blocking sends, waits
 forever at any size (gloo's send waits for the matching receive): it fails when the
 process-group timeout fires, with the likely cause. The inputs are integer-valued floats, so every
 order of summation gives the same bits and the test compares exactly, with no
-tolerance; it computes the expected sums itself.
+tolerance; it computes the expected sums itself. The case script also logs what
+ring_all_reduce calls from torch.distributed: a ring uses no collective, sends only
+to one neighbour, receives only from the other, and sends at most 2(world - 1)
+chunks of 1/world of the tensor, so dist.all_reduce inside it, or every rank sending
+its whole tensor to every other, gets no points.
 """
 
 from __future__ import annotations
@@ -78,6 +82,44 @@ def check_ring(calls, case: str, world: int, sizes) -> None:
                 f"{tensor[wrong[0]].item():g} instead of {want[wrong[0]].item():g}). Likely "
                 "cause: a chunk index off by one step, a chunk added twice or never, or "
                 "the all-gather writing into the wrong chunk"
+            )
+    check_ring_messages(calls.outcome.value(case).get("ops", {}), world, sizes)
+
+
+POINT_TO_POINT = {"send": "out", "isend": "out", "recv": "in", "irecv": "in"}
+
+
+def check_ring_messages(ops: dict, world: int, sizes) -> None:
+    """The sums came from a ring: inside ring_all_reduce each rank calls no collective,
+    sends only to one neighbour and receives only from the other, and sends at most the
+    ring's 2(world - 1) chunks of ceil(size / world) values (the case script logs the calls)."""
+    for size in sizes:
+        bound = 2 * (world - 1) * -(-size // world)
+        for rank in range(world):
+            log = ops.get(f"{size}/{rank}")
+            assert log is not None, f"{world} ranks, {size} values: rank {rank} logged no calls"
+            where = f"{world} ranks, {size} values: rank {rank}"
+            library = sorted({name for name, _, _ in log if name not in POINT_TO_POINT})
+            assert not library, (
+                f"{where} called dist.{library[0]} inside ring_all_reduce. The sums are right, "
+                "but the exercise is the ring itself: point-to-point messages only "
+                "(dist.isend, dist.irecv, dist.send, dist.recv) between neighbours"
+            )
+            out = {peer for name, peer, _ in log if POINT_TO_POINT[name] == "out"}
+            into = {peer for name, peer, _ in log if POINT_TO_POINT[name] == "in"}
+            right, left = (rank + 1) % world, (rank - 1) % world
+            ring = (out, into) in (({right}, {left}), ({left}, {right}))
+            if size >= world or out or into:
+                assert ring, (
+                    f"{where} sent to ranks {sorted(out, key=str)} and received from ranks "
+                    f"{sorted(into, key=str)}; around a ring, a rank sends to one neighbour "
+                    f"only ({right} or {left}) and receives from the other"
+                )
+            sent = sum(n for name, _, n in log if POINT_TO_POINT[name] == "out")
+            assert sent <= bound, (
+                f"{where} sent {sent} values; a ring sends at most 2 x (world - 1) chunks of "
+                f"{-(-size // world)}, {bound} values. Likely cause: whole tensors sent "
+                "instead of 1/world chunks"
             )
 
 

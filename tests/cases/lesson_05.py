@@ -8,6 +8,7 @@ returns what each rank's tensor holds afterwards; the test computes the sums its
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -28,18 +29,65 @@ def ring_input(world: int, size: int, rank: int) -> torch.Tensor:
     return torch.randint(-1000, 1000, (size,), generator=gen).float()
 
 
+COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "broadcast", "all_to_all", "all_to_all_single",
+    "gather", "scatter",
+)  # fmt: skip
+POINT_TO_POINT = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+
+
+class OpLog:
+    """What the lesson calls from torch.distributed while `active`: each collective's
+    name, and each point-to-point message's kind, peer and number of values. Patched
+    before the lesson is loaded, so `from torch.distributed import isend` sees it too;
+    batch_isend_irecv runs its ops through the patched isend and irecv."""
+
+    def __init__(self):
+        self.active, self.ops = False, []
+
+    def patch(self) -> None:
+        for name in (*COLLECTIVES, *POINT_TO_POINT):
+            original = getattr(dist, name, None)
+            if original is not None:
+                wrapped = self._wrap(name, original)
+                setattr(dist, name, wrapped)
+                setattr(dist.distributed_c10d, name, wrapped)
+
+    def _wrap(self, name, original):
+        def call(*args, **kwargs):
+            if self.active:
+                if name in POINT_TO_POINT:
+                    key = POINT_TO_POINT[name]
+                    peer = args[1] if len(args) > 1 else kwargs.get(key, kwargs.get(f"group_{key}"))
+                    tensor = args[0] if args else kwargs.get("tensor")
+                    self.ops.append([name, peer, int(tensor.numel())])
+                else:
+                    self.ops.append([name, None, 0])
+            return original(*args, **kwargs)
+
+        return call
+
+
 def _rank(rank, world, port, lesson_file, out, sizes, backend="gloo") -> None:
     from course import loader
 
     device = ranks.join_local(rank, world, backend, port)
+    log = OpLog()
+    log.patch()  # before the lesson is loaded: its own imports see the logging functions
     try:
         lesson = loader.load(Path(lesson_file), requires=("ring_all_reduce",))
-        results = {}
+        results, ops = {}, {}
         for size in sizes:
             tensor = ring_input(world, size, rank).to(device)
-            lesson.ring_all_reduce(tensor)
-            results[str(size)] = tensor.cpu()
+            log.active, log.ops = True, []
+            try:
+                lesson.ring_all_reduce(tensor)
+            finally:
+                log.active = False
+            results[str(size)], ops[str(size)] = tensor.cpu(), log.ops
         torch.save(results, Path(out) / f"ring-{world}-{rank}.pt")
+        (Path(out) / f"ops-{world}-{rank}.json").write_text(json.dumps(ops))
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -59,11 +107,13 @@ def ring(world: int, sizes, backend: str = "gloo") -> Tensors:
         os.environ["COURSE_PG_TIMEOUT"] = str(RING_PG_TIMEOUT_S)
     args = (str(cases.lesson_file), str(out), sizes, backend)
     cases.spawn(_rank, world, *args, what=f"{world}-rank ring", cuda=backend == "nccl")
-    got = {}
+    got, ops = {}, {}
     for rank in range(world):
         saved = torch.load(out / f"ring-{world}-{rank}.pt", weights_only=True)
         got |= {f"{size}/{rank}": saved[str(size)] for size in sizes}
-    return Tensors(got)
+        calls = json.loads((out / f"ops-{world}-{rank}.json").read_text())
+        ops |= {f"{size}/{rank}": calls[str(size)] for size in sizes}
+    return Tensors(got, extra={"ops": ops})
 
 
 @cases.case

@@ -42,6 +42,36 @@ MUTANTS = [
         new="    for step in range(world - 2):  # reduce-scatter\n",
         caught_by="sums_over_every_rank",
     ),
+    dict(
+        name="library_all_reduce",
+        why="the exercise skipped: dist.all_reduce inside ring_all_reduce, right sums",
+        old="    for step in range(world - 1):  # reduce-scatter\n",
+        new=(
+            "    dist.all_reduce(tensor)\n    return tensor\n"
+            "    for step in range(world - 1):  # reduce-scatter\n"
+        ),
+        caught_by="sums_over_every_rank",
+        says=("called dist.all_reduce inside ring_all_reduce",),
+    ),
+    dict(
+        name="every_rank_to_every_rank",
+        why="no ring: each rank sends its whole tensor to every other and adds what comes",
+        old="    for step in range(world - 1):  # reduce-scatter\n",
+        new="""    requests = [dist.isend(tensor, peer) for peer in range(world) if peer != rank]
+    total = tensor.clone()
+    for peer in range(world):
+        if peer != rank:
+            received = torch.empty_like(tensor)
+            dist.recv(received, peer)
+            total += received
+    for request in requests:
+        request.wait()
+    return tensor.copy_(total)
+    for step in range(world - 1):  # reduce-scatter
+""",
+        caught_by="sums_over_every_rank",
+        says=("around a ring, a rank sends to one neighbour",),
+    ),
 ]
 
 ALTERNATIVES = [
@@ -60,6 +90,21 @@ ALTERNATIVES = [
         if send.numel():
             pending.append(dist.isend(send, right))
         for request in pending:
+            request.wait()
+""",
+    ),
+    dict(
+        name="batch_isend_irecv",
+        why="each step's send and receive as one batch of P2POps (torch's batched API)",
+        old="""        request = dist.isend(send, right) if send.numel() else None
+        if recv.numel():
+            dist.recv(recv, left)
+        if request is not None:
+            request.wait()
+""",
+        new="""        ops = [dist.P2POp(dist.isend, send, right)] if send.numel() else []
+        ops += [dist.P2POp(dist.irecv, recv, left)] if recv.numel() else []
+        for request in dist.batch_isend_irecv(ops) if ops else []:
             request.wait()
 """,
     ),
