@@ -124,6 +124,27 @@ def _error(err: BaseException, lesson_file: Path) -> dict:
     return {"type": type(err).__name__, "message": str(err), "where": where}
 
 
+def _noting_errors(rank: int, target: Callable, errors: str, *args) -> None:
+    """A rank of Cases.spawn: target(rank, *args), its exception also written to a file."""
+    try:
+        target(rank, *args)
+    except BaseException as err:
+        Path(errors, f"rank{rank}.txt").write_text(f"{type(err).__name__}: {err}"[:2000])
+        raise
+
+
+def _timeout_among(err: BaseException, errors: Path) -> str | None:
+    """None if no rank timed out; "" if `err` (the rank mp.spawn reports) says it did;
+    else the line of a rank whose own error, written by _noting_errors, says so."""
+    if "timed out" in str(err).lower():
+        return ""
+    for path in sorted(Path(errors).glob("rank*.txt")):
+        text = path.read_text().strip()
+        if "timed out" in text.lower():
+            return f"rank {path.stem.removeprefix('rank')}: {text}"
+    return None
+
+
 class Cases:
     def __init__(self, argv: list[str] | None = None):
         argv = sys.argv[1:] if argv is None else argv
@@ -144,20 +165,30 @@ class Cases:
 
         Ranks that deadlock wait for the process-group timeout, half the grader's deadline
         for the case script: after one such case the others would not fit in the rest, so
-        every later call raises at once, naming `what` timed out."""
+        every later call raises at once, naming `what` timed out. Which rank's error
+        mp.spawn reports is a race: the first rank to time out leaves, and its peer may
+        fail first with "connection closed". Each rank therefore writes its own error, and
+        a timeout on any rank is reported as the case's."""
+        import tempfile
+
         import torch.multiprocessing as mp
 
         from course import ranks
 
         if self.hung:
             raise RuntimeError(f"not run: the {self.hung} timed out (see that test)")
+        errors = Path(tempfile.mkdtemp(prefix="rank-errors-", dir=self.out.parent))
         try:
-            args = (world, ranks.free_port(), *args)
+            args = (target, str(errors), world, ranks.free_port(), *args)
             method = "spawn" if cuda else "fork"
-            mp.start_processes(target, args=args, nprocs=world, start_method=method)
+            mp.start_processes(_noting_errors, args=args, nprocs=world, start_method=method)
         except Exception as err:
-            if "timed out" in str(err).lower():
-                self.hung = what
+            timed_out = _timeout_among(err, errors)
+            if timed_out is None:
+                raise
+            self.hung = what
+            if timed_out:  # another rank's: say so, rather than its peer's symptom
+                raise RuntimeError(f"the {what} timed out: {timed_out[:400]}") from None
             raise
 
     def run(self, requires: tuple[str, ...] = ()) -> None:

@@ -64,3 +64,22 @@ def test_other_exceptions_keep_their_message_and_line():
         got = calls._error(err, Path(__file__))
     assert got["type"] == "ValueError" and got["message"] == "plain"
     assert got["where"].startswith(Path(__file__).name + ":")
+
+
+def test_a_timeout_on_any_rank_is_reported_when_its_peer_failed_first(tmp_path):
+    """mp.spawn reports one rank's error; when the rank that timed out left first, its
+    peer fails with "connection closed" and may be the one reported. Each rank's own
+    error (written by _noting_errors) shows the timeout."""
+    import pytest
+
+    with pytest.raises(RuntimeError):
+        calls._noting_errors(1, _raises, str(tmp_path), "Timed out waiting 10000ms for recv")
+    assert "Timed out" in (tmp_path / "rank1.txt").read_text()
+    peer = RuntimeError("Connection closed by peer [127.0.0.1]:1234")
+    assert calls._timeout_among(peer, tmp_path).startswith("rank 1: RuntimeError: Timed out")
+    assert calls._timeout_among(RuntimeError("Timed out waiting"), tmp_path) == ""
+    assert calls._timeout_among(peer, tmp_path / "none") is None
+
+
+def _raises(rank: int, message: str) -> None:
+    raise RuntimeError(message)
