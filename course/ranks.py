@@ -64,6 +64,8 @@ def backend_and_world_size(backend: str | None, nproc: int | None, sync_bn: bool
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = backend or ("nccl" if gpus and dist.is_nccl_available() else "gloo")
     world_size = nproc or (gpus if backend == "nccl" else 2)
+    if backend == "nccl" and gpus == 0:  # else 0 ranks: a run that does nothing, silently
+        raise ValueError("--backend nccl needs CUDA GPUs and this machine has none: use gloo")
     if backend == "nccl" and world_size > gpus:
         raise ValueError(f"--backend nccl with {world_size} ranks needs {world_size} GPUs: {gpus}")
     if sync_bn and backend != "nccl":

@@ -32,10 +32,16 @@ def test_backend_and_world_size_without_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert ranks.backend_and_world_size(None, None) == ("gloo", 2)
     assert ranks.backend_and_world_size("gloo", 3) == ("gloo", 3)
-    with pytest.raises(ValueError, match="needs 2 GPUs"):
+    with pytest.raises(ValueError, match="needs CUDA GPUs and this machine has none"):
         ranks.backend_and_world_size("nccl", 2)
+    with pytest.raises(ValueError, match="needs CUDA GPUs and this machine has none"):
+        ranks.backend_and_world_size("nccl", None)  # used to give 0 ranks and exit 0
     with pytest.raises(ValueError, match="--sync-bn needs --backend nccl"):
         ranks.backend_and_world_size(None, None, sync_bn=True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="needs 2 GPUs"):
+        ranks.backend_and_world_size("nccl", 2)
 
 
 def test_require_torchrun(monkeypatch, capsys):
