@@ -22,6 +22,7 @@ process group, has been killed.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -129,6 +130,14 @@ module = importlib.util.module_from_spec(spec)
 sys.modules["submission"] = module
 spec.loader.exec_module(module)
 """
+
+
+def _import_file(path: Path) -> None:
+    """_IMPORT, in a forked child of the grader (procs.forked)."""
+    sys.argv = ["-c", str(path)]  # as `python -c _IMPORT path` sees them
+    exec(compile(_IMPORT, "<import probe>", "exec"), {"__name__": "__main__"})
+
+
 _RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b:?.*)$")
 
 
@@ -156,9 +165,22 @@ class ImportProbe:
             self.cancel.set(str(err))  # the same line the tests give a file that won't parse
             return
         with tempfile.TemporaryDirectory(prefix="course-import-") as folder:
-            result = procs.python(
-                "-c", _IMPORT, self.path, timeout=IMPORT_DEADLINE_S, cwd=folder, cancellable=False
-            )
+            if procs.can_fork():  # a fork of this process has torch imported already
+                result = procs.forked(
+                    functools.partial(_import_file, self.path),
+                    args=["import", str(self.path)],
+                    timeout=IMPORT_DEADLINE_S,
+                    cwd=folder,
+                )
+            else:  # an xdist worker (threads) or a grader that switches user
+                result = procs.python(
+                    "-c",
+                    _IMPORT,
+                    self.path,
+                    timeout=IMPORT_DEADLINE_S,
+                    cwd=folder,
+                    cancellable=False,
+                )
         name = f"lesson {self.number}'s {self.path.name}"
         if result.timed_out:
             self.cancel.set(

@@ -187,3 +187,56 @@ def test_run_all_fail_fast_stops_the_rest_of_the_job():
     waits = results["waits"]
     assert waits.seconds < 20 and not waits.timed_out and not waits.ok, waits.describe()
     assert "stopped, because another launch of the same job failed" in waits.output
+
+
+FORKED = """
+import os, sys, time
+from course import procs
+
+def hello():
+    print("hello from", os.getcwd(), flush=True)
+    return 3
+
+def grandchild_then_hang():
+    if os.fork() == 0:
+        time.sleep(3600)
+    print("waiting", flush=True)
+    time.sleep(3600)
+
+procs.become_subreaper()  # as the grader is: the orphaned grandchild comes back here
+assert procs.can_fork()
+done = procs.forked(hello, args=["hello"], timeout=30, cwd=sys.argv[1])
+print("done", done.returncode, done.timed_out, repr(done.output))
+hung = procs.forked(grandchild_then_hang, args=["hang"], timeout=1)
+print("hung", hung.returncode, hung.timed_out, procs.group_alive(hung.pgid), repr(hung.output))
+print("described", "did not finish within" in hung.describe())
+"""
+
+
+def test_a_forked_function_has_its_output_exit_code_deadline_and_group_kill(tmp_path):
+    """procs.forked (the grader's import check, course/warmgrade.py) keeps procs.run's
+    promises: output captured, the function's int is the exit code, and at the deadline
+    the child and what it started are killed. Run in a child: an xdist worker has threads,
+    and can_fork() refuses those."""
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED)
+    result = procs.python(script, tmp_path, timeout=60)
+    assert result.returncode == 0, result.describe()
+    assert f"done 3 False 'hello from {tmp_path}\\n'" in result.output
+    assert "hung None True False 'waiting\\n'" in result.output
+    assert "described True" in result.output
+
+
+def test_forking_is_refused_where_threads_run():
+    import threading
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert not procs.can_fork()
+        with pytest.raises(RuntimeError, match="single-threaded"):
+            procs.forked(lambda: 0, args=["x"], timeout=1)
+    finally:
+        stop.set()
+        thread.join()

@@ -16,15 +16,22 @@ import textwrap
 
 import pytest
 
-from course import REPO_ROOT, lessons, procs
+from course import REPO_ROOT, lessons, procs, warmgrade
 
 
-def grade(tmp_path, files, *options, timeout=300):
+@pytest.fixture(scope="module")
+def grader():
+    """A warm grading server (course/warmgrade.py), as tests/test_mutants.py uses."""
+    with warmgrade.Server(REPO_ROOT) as server:
+        yield server
+
+
+def grade(grader, tmp_path, files, *options, timeout=300):
     """Run the grader on `files`; return (results.json as a dict, RunResult)."""
     results = tmp_path / "results.json"
     args = [sys.executable, "-m", "pytest", *map(str, files), f"--grade-json={results}"]
     args += ["-p", "no:cacheprovider", "-p", "no:xdist", "-q", *options]
-    run = procs.run(args, timeout=timeout, cwd=REPO_ROOT)
+    run = grader.run(args, timeout=timeout, cwd=REPO_ROOT)
     assert not run.timed_out, run.describe()
     assert results.exists(), run.describe()
     return json.loads(results.read_text()), run
@@ -44,8 +51,10 @@ def copy_solutions(tmp_path):
 
 @pytest.mark.mutation
 @pytest.mark.parametrize("lesson", lessons.LESSONS, ids=lambda lesson: lesson.number)
-def test_every_starter_fails_its_core_tests(tmp_path, lesson):
-    results, run = grade(tmp_path, lesson_test_files(lesson), "--impl=lessons", "-m", "core")
+def test_every_starter_fails_its_core_tests(grader, tmp_path, lesson):
+    results, run = grade(
+        grader, tmp_path, lesson_test_files(lesson), "--impl=lessons", "-m", "core"
+    )
     graded = [t for t in results["tests"] if t["status"] != "skipped"]
     assert graded, f"lesson {lesson.number} has no core tests\n{run.describe()}"
     passed = [t["name"] for t in graded if t["status"] != "failed" or t["score"] != 0]
@@ -53,8 +62,8 @@ def test_every_starter_fails_its_core_tests(tmp_path, lesson):
     assert results["score"] == 0
 
 
-def test_solutions_earn_full_points_and_json_has_gradescope_shape(tmp_path):
-    results, run = grade(tmp_path, lesson_test_files(lessons.get("00")), "--impl=solutions")
+def test_solutions_earn_full_points_and_json_has_gradescope_shape(grader, tmp_path):
+    results, run = grade(grader, tmp_path, lesson_test_files(lessons.get("00")), "--impl=solutions")
     assert run.returncode == 0, run.describe()
     assert results["score"] == results["max_score"] > 0
     assert isinstance(results["execution_time"], float | int)
@@ -65,14 +74,14 @@ def test_solutions_earn_full_points_and_json_has_gradescope_shape(tmp_path):
 
 
 @pytest.mark.mutation
-def test_syntax_error_fails_only_that_lesson_with_one_line(tmp_path):
+def test_syntax_error_fails_only_that_lesson_with_one_line(grader, tmp_path):
     submission = copy_solutions(tmp_path)
     broken = submission / "00_environment" / "env_check.py"
     broken.write_text(broken.read_text() + "\ndef unfinished(:\n")
     # Lessons 00-02: enough to show the others unharmed, and light enough to stay
     # quick when the other xdist worker is grading mutants (tests/test_mutants.py).
     files = [f for n in ("00", "01", "02") for f in lesson_test_files(lessons.get(n))]
-    results, _ = grade(tmp_path, files, f"--impl={submission}", "-m", "core")
+    results, _ = grade(grader, tmp_path, files, f"--impl={submission}", "-m", "core")
     mine = [t for t in results["tests"] if t["number"] == "00"]
     others = [t for t in results["tests"] if t["number"] != "00" and t["status"] != "skipped"]
     assert mine and all(t["status"] == "failed" and t["score"] == 0 for t in mine)
@@ -84,7 +93,7 @@ def test_syntax_error_fails_only_that_lesson_with_one_line(tmp_path):
     assert others and all(t["status"] == "passed" for t in others), "\n".join(unharmed)
 
 
-def test_function_that_never_returns_fails_within_the_timeout(tmp_path):
+def test_function_that_never_returns_fails_within_the_timeout(grader, tmp_path):
     submission = copy_solutions(tmp_path)
     script = submission / "00_environment" / "env_check.py"
     source = script.read_text().replace(
@@ -94,7 +103,15 @@ def test_function_that_never_returns_fails_within_the_timeout(tmp_path):
     script.write_text(source)
     files = lesson_test_files(lessons.get("00"))
     results, run = grade(
-        tmp_path, files, f"--impl={submission}", "-k", "zero_when", "-o", "timeout=3", timeout=60
+        grader,
+        tmp_path,
+        files,
+        f"--impl={submission}",
+        "-k",
+        "zero_when",
+        "-o",
+        "timeout=3",
+        timeout=60,
     )
     (test,) = results["tests"]
     assert test["status"] == "failed" and test["score"] == 0
@@ -111,7 +128,7 @@ def test_function_that_never_returns_fails_within_the_timeout(tmp_path):
     ],
     ids=["hangs", "raises"],
 )
-def test_a_submission_broken_at_import_fails_its_lesson_at_once(tmp_path, top, words):
+def test_a_submission_broken_at_import_fails_its_lesson_at_once(grader, tmp_path, top, words):
     """Lesson 03 whose file hangs (or raises) at import: every test of the lesson fails with
     the same one line, as soon as the grader's import check knows, instead of each test
     waiting out its own deadline (the launches alone wait 120 s)."""
@@ -122,7 +139,9 @@ def test_a_submission_broken_at_import_fails_its_lesson_at_once(tmp_path, top, w
     script = submission / "03_ddp_spawn" / "train.py"
     source = script.read_text()
     script.write_text(source.replace("\nimport torch\n", f"\n{top}import torch\n", 1))
-    results, run = grade(tmp_path, lesson_test_files(lessons.get("03")), f"--impl={submission}")
+    results, run = grade(
+        grader, tmp_path, lesson_test_files(lessons.get("03")), f"--impl={submission}"
+    )
     graded = [t for t in results["tests"] if t["status"] != "skipped"]
     assert graded and all(t["status"] == "failed" for t in graded), run.describe(30)
     reasons = {t["output"].strip() for t in graded}
@@ -134,7 +153,7 @@ def test_a_submission_broken_at_import_fails_its_lesson_at_once(tmp_path, top, w
     )
 
 
-def test_a_killed_grading_leaves_a_zero_score_file(tmp_path):
+def test_a_killed_grading_leaves_a_zero_score_file(grader, tmp_path):
     """The results file is written when the session starts (score 0) and, for real,
     only at its end: a grading killed halfway (by a test, or by a submission that
     kills its parent) leaves a valid file with no points, never a stale or partial one."""
@@ -156,7 +175,7 @@ def test_a_killed_grading_leaves_a_zero_score_file(tmp_path):
         )
     )
     (tmp_path / "results.json").write_text('{"score": 99, "max_score": 99, "tests": []}')
-    results, run = grade(tmp_path, [planted], "-o", "addopts=", "-p", "course.grading")
+    results, run = grade(grader, tmp_path, [planted], "-o", "addopts=", "-p", "course.grading")
     assert run.returncode == 3
     assert results["score"] == 0 and results["tests"] == [], results
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from course import REPO_ROOT, procs, release
+from course import REPO_ROOT, procs, release, warmgrade
 from course.cli import grade_command
 
 MUTANT_DIR = Path(__file__).with_name("mutants")
@@ -62,9 +62,17 @@ def apply(tmp_path: Path, file: str, case: dict) -> Path:
     return impl
 
 
-def grade(number: str, impl: Path, root: Path, *options: str):
-    command = grade_command([number], impl, root=root)
-    return procs.run([*command, *options], timeout=300, cwd=root, course_root=root)
+@pytest.fixture(scope="module")
+def grader(course_without_solutions):
+    """One warm grading server per test process (course/warmgrade.py): each case is
+    graded by a fresh fork of a Python that imported pytest and torch once."""
+    with warmgrade.Server(course_without_solutions) as server:
+        yield server
+
+
+def grade(grader: warmgrade.Server, number: str, impl: Path, *options: str):
+    command = grade_command([number], impl, root=grader.root)
+    return grader.run([*command, *options], timeout=300, cwd=grader.root)
 
 
 def todo_blocks(source: str) -> list[tuple[int, int]]:
@@ -110,9 +118,9 @@ def test_every_todo_has_a_mutant_and_every_case_applies_once():
 
 @pytest.mark.mutation
 @pytest.mark.parametrize(("number", "file", "case"), list(cases("MUTANTS")))
-def test_mutant_is_rejected(tmp_path, course_without_solutions, number, file, case):
+def test_mutant_is_rejected(tmp_path, grader, number, file, case):
     impl = apply(tmp_path, file, case)
-    run = grade(number, impl, course_without_solutions, "-k", case["caught_by"], "-x")
+    run = grade(grader, number, impl, "-k", case["caught_by"], "-x")
     assert not run.timed_out, run.describe()
     assert "passed" in run.output or "failed" in run.output, run.describe()
     assert run.returncode != 0, (
@@ -129,8 +137,8 @@ def test_mutant_is_rejected(tmp_path, course_without_solutions, number, file, ca
 
 @pytest.mark.mutation
 @pytest.mark.parametrize(("number", "file", "case"), list(cases("ALTERNATIVES")))
-def test_honest_alternative_passes(tmp_path, course_without_solutions, number, file, case):
-    run = grade(number, apply(tmp_path, file, case), course_without_solutions)
+def test_honest_alternative_passes(tmp_path, grader, number, file, case):
+    run = grade(grader, number, apply(tmp_path, file, case))
     assert run.returncode == 0, (
         f"lesson {number}: the correct alternative '{case['name']}' ({case['why']}) "
         f"lost points\n{run.describe(lines=40)}"
