@@ -125,12 +125,44 @@ def _error(err: BaseException, lesson_file: Path) -> dict:
 
 
 def _noting_errors(rank: int, target: Callable, errors: str, *args) -> None:
-    """A rank of Cases.spawn: target(rank, *args), its exception also written to a file."""
+    """A rank of Cases.spawn: target(rank, *args), its exception also written to a file,
+    and its stderr (C++ included: gloo's abort messages) to errors/rank<R>.err."""
+    stderr = os.open(Path(errors, f"rank{rank}.err"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(stderr, 2)
     try:
         target(rank, *args)
     except BaseException as err:
         Path(errors, f"rank{rank}.txt").write_text(f"{type(err).__name__}: {err}"[:2000])
         raise
+
+
+# What a rank that aborts in C++ leaves on stderr: std::terminate's "what():" line,
+# gloo's "[enforce fail at ...]".
+_NATIVE = re.compile(r"(terminate called|what\(\)|enforce fail|\bError\b)")
+# gloo's check that a received message fits its buffer (transport/tcp/pair.cc).
+_SIZE_MISMATCH = ("op.preamble.length <= op.nbytes", "op.nbytes")
+
+
+def _native_error(err: BaseException, errors: Path) -> str | None:
+    """For a rank that died of a signal (SIGABRT): the line it printed as it aborted, and the
+    cause when that line names one; None when no such line was written."""
+    found = re.search(r"process (\d+) terminated with signal (\w+)", str(err))
+    if not found:
+        return None
+    rank, signal_name = found.groups()
+    path = Path(errors, f"rank{rank}.err")
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    said = [line.strip() for line in lines if _NATIVE.search(line)]
+    if not said:
+        return None
+    text = f"rank {rank} died of {signal_name}; its last error line: {said[-1][:300]}"
+    if any(sign in said[-1] for sign in _SIZE_MISMATCH):
+        text += (
+            ". gloo received a message larger than the buffer posted for it: a send and its "
+            "receive have different sizes (a chunk of the wrong length or index, or a message "
+            "from a rank that was not expected to send one)"
+        )
+    return text
 
 
 def _timeout_among(err: BaseException, errors: Path) -> str | None:
@@ -185,11 +217,18 @@ class Cases:
         except Exception as err:
             timed_out = _timeout_among(err, errors)
             if timed_out is None:
+                native = _native_error(err, errors)
+                if native is not None:
+                    raise RuntimeError(native) from None
                 raise
             self.hung = what
             if timed_out:  # another rank's: say so, rather than its peer's symptom
                 raise RuntimeError(f"the {what} timed out: {timed_out[:400]}") from None
             raise
+        finally:  # what the ranks wrote to stderr, in this process's output as before
+            for path in sorted(errors.glob("rank*.err")):
+                sys.stderr.write(path.read_text(errors="replace"))
+            sys.stderr.flush()
 
     def run(self, requires: tuple[str, ...] = ()) -> None:
         from course import loader

@@ -87,8 +87,8 @@ class LessonCalls:
     (course/calls.py): `calls("case")` is the value the case returned, and a
     case that raised fails the test with one line saying what and where."""
 
-    def __init__(self, outcome: calls.Outcome):
-        self.outcome = outcome
+    def __init__(self, outcome: calls.Outcome, lesson_file: Path):
+        self.outcome, self.lesson_file = outcome, lesson_file  # the file: to read, not import
 
     def _get(self, method, name):
         try:
@@ -109,7 +109,8 @@ def call_lesson(impl, lesson: registry.Lesson, cases: Path, folder: Path, only=N
     (only the cases named in `only`, when given).
 
     The grading process never imports the submission (see course/calls.py)."""
-    return LessonCalls(calls.run_cases(cases, lesson.path(impl), folder, only=only))
+    path = lesson.path(impl)
+    return LessonCalls(calls.run_cases(cases, path, folder, only=only), path)
 
 
 # --- a submission that hangs or fails at import: every test of its lesson fails at once ---

@@ -181,7 +181,13 @@ def assert_same_weights(folder, ref_folder):
     different = [k for k in want["model"] if not torch.equal(got["model"][k], want["model"][k])]
     # CPU and GPU alike (the lesson asks cuDNN for deterministic algorithms):
     # the same operations in the same order give the same bits.
-    assert not different, f"not bit-identical to the uninterrupted run: {different[:3]}"
+    assert not different, (
+        f"{folder.name} is not bit-identical to the uninterrupted run (ref): {different[:3]} "
+        "differ. The weights alone do not say which run is wrong: ref is 2 nodes of 1 process "
+        "(LOCAL_RANK is 0 on both, RANK is 0 and 1), the restarted run 1 node of 2 processes "
+        "(LOCAL_RANK equals RANK). If only ref is wrong, the rank comes from LOCAL_RANK; "
+        "otherwise the resumed run repeats or skips work"
+    )
 
 
 def rank_log(result, rank):

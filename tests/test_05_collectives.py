@@ -16,6 +16,7 @@ its whole tensor to every other, gets no points.
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -54,10 +55,32 @@ def calls(impl, tmp_path_factory, request):
 
 
 DEADLOCK = (
-    "Likely cause: every rank sends first with a blocking dist.send and waits for its "
-    "neighbour, which is sending too. Start the send with dist.isend, then receive, then "
-    "wait for the send"
+    "ring_all_reduce calls the blocking dist.send: when every rank sends first and waits "
+    "for its neighbour, which is sending too, none receives. Start the send with "
+    "dist.isend, then receive, then wait for the send"
 )
+STUCK = (
+    "Some rank waited for a message that never came: check that every receive has a "
+    "matching send on the neighbour (same step, same size), and that each rank runs as "
+    "many steps as the others"
+)
+
+
+def calls_blocking_send(path: Path) -> bool:
+    """Whether ring_all_reduce's source calls dist.send (read here, never imported)."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "ring_all_reduce":
+            return any(
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "send"
+                for call in ast.walk(node)
+            )
+    return False
 
 
 def check_ring(calls, case: str, world: int, sizes) -> None:
@@ -65,7 +88,8 @@ def check_ring(calls, case: str, world: int, sizes) -> None:
         got, message = calls.outcome.tensors(case), None
     except CaseFailed as err:
         hung = "timed out" in str(err).lower()
-        message = f"the {world}-rank ring did not finish: {err}\n{DEADLOCK}" if hung else str(err)
+        cause = DEADLOCK if calls_blocking_send(calls.lesson_file) else STUCK
+        message = f"the {world}-rank ring did not finish: {err}\n{cause}" if hung else str(err)
     if message is not None:  # outside `except`: no chained traceback
         pytest.fail(message, pytrace=False)
     for size in sizes:

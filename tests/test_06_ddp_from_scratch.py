@@ -101,12 +101,17 @@ def test_ranks_start_from_rank_0s_weights_and_buffers(calls, backend):
             for rank in range(world):
                 after = state(got, scenario, rank, "after")
                 worst = max_difference(after, first)
+                differ = [k for k in first if (after[k].float() - first[k].float()).abs().max() > 0]
                 assert worst == 0, (
                     f"{world} ranks, {scenario}: after MiniDDP(model) rank {rank}'s "
-                    f"{'weights' if rank else 'state'} differ from rank 0's initial ones by "
-                    f"{worst:.3g}. Expected every parameter and buffer (frozen ones too) "
-                    "copied from rank 0. Likely cause: the broadcast is missing, skips the "
-                    "buffers, or copies from another rank"
+                    f"{', '.join(differ[:4])} differ from rank 0's initial values (by up to "
+                    f"{worst:.3g}). Expected every parameter and buffer (frozen ones too) "
+                    "copied from rank 0"
+                    + (
+                        ". Only buffers differ: the broadcast skips module.buffers()"
+                        if set(differ) <= set(notes[str(rank)][scenario]["buffers"])
+                        else ". Likely cause: the broadcast is missing, or copies from another rank"
+                    )
                 )
                 assert notes[str(rank)][scenario]["module_is_model"], (
                     f"MiniDDP(model).module is not the model it wraps (rank {rank})"

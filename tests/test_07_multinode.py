@@ -9,6 +9,8 @@ backend):
   "node" sees one GPU of its own (CUDA_VISIBLE_DEVICES), as two machines would.
 - one: one launcher with 2 processes, the same job.
 - wrong: node 1 alone, pointed at a port where nothing listens, with --connect-timeout 5.
+- fails: one launcher, one process of a job that exits with code 3
+  (tests/cases/lesson_07_fails.py): torchrun then exits 1, and so must the launcher.
 The job records what torchrun told every process and trains 5 DDP steps; both jobs see the
 same 2 ranks and the same data, so their weights must be identical.
 """
@@ -29,6 +31,8 @@ from course.ranks import free_port
 
 LESSON = lessons.get("07")
 JOB = Path(__file__).with_name("cases") / "lesson_07_job.py"
+FAILS = JOB.with_name("lesson_07_fails.py")
+TORCHRUN_FAILED = 1  # torchrun's exit code when a process of its job failed (ChildFailedError)
 STAGGER = 2.0  # seconds node 1's launcher runs before node 0's
 WRONG_TIMEOUT = 5  # --connect-timeout of the wrong-endpoint launch
 WRONG_LIMIT = WRONG_TIMEOUT + 25  # the launch must have ended by then (start-up included)
@@ -51,7 +55,8 @@ def launcher(impl, *args, delay: float = 0.0) -> list[str]:
 def runs(impl, backend, tmp_path_factory, request):
     if backend not in _runs:
         folders = {
-            name: tmp_path_factory.mktemp(f"{name}-{backend}") for name in ("two", "one", "wrong")
+            name: tmp_path_factory.mktemp(f"{name}-{backend}")
+            for name in ("two", "one", "wrong", "fails")
         }
         jobs = {}
         endpoint = f"127.0.0.1:{free_port()}"
@@ -77,11 +82,13 @@ def runs(impl, backend, tmp_path_factory, request):
         args = ["--nnodes", 2, "--node-rank", 1, "--endpoint", f"127.0.0.1:{free_port()}"]
         args += ["--connect-timeout", WRONG_TIMEOUT, "--", JOB, folders["wrong"], backend]
         jobs["wrong"] = dict(args=launcher(impl, *args), timeout=WRONG_LIMIT, cwd=folders["wrong"])
+        args = ["--endpoint", f"127.0.0.1:{free_port()}", "--job-id", "fails", "--", FAILS]
+        jobs["fails"] = dict(args=launcher(impl, *args), timeout=60, cwd=folders["fails"])
         want = needed(request, tuple(jobs))
         # The two nodes are one job: when one fails, the other stops at once instead of
         # waiting for its peer until the deadline. `one` and `wrong` run beside them.
         pair = {name: jobs[name] for name in ("node0", "node1") if name in want}
-        rest = {name: jobs[name] for name in ("one", "wrong") if name in want}
+        rest = {name: jobs[name] for name in ("one", "wrong", "fails") if name in want}
         with ThreadPoolExecutor(max_workers=2) as pool:
             two = pool.submit(procs.run_all, pair, fail_fast=True)
             others = pool.submit(procs.run_all, rest)
@@ -162,6 +169,24 @@ def test_a_wrong_endpoint_fails_fast_in_one_line(runs, backend):
     assert result.seconds >= WRONG_TIMEOUT - 0.5, (
         f"gave up after {result.seconds:.1f} s, before --connect-timeout {WRONG_TIMEOUT}: "
         "node 0 may start a little later than the others, so a node must keep trying"
+    )
+
+
+@pytest.mark.points(1)
+@pytest.mark.needs("fails")
+def test_a_failed_job_fails_its_launcher(runs, backend):
+    """A scheduler (Slurm, a Kubernetes Job, a CI step) knows a job failed only from the
+    launcher's exit code: it must be torchrun's, not 0."""
+    results, _ = runs
+    result = results["fails"]
+    assert not result.timed_out, result.describe()
+    assert "exits with code 3" in result.output, (
+        "the job's process never printed its line: torchrun did not start it\n" + result.describe()
+    )
+    assert result.returncode == TORCHRUN_FAILED, (
+        f"the job's only process exited with code 3, so torchrun exited {TORCHRUN_FAILED}; "
+        f"the launcher exited {result.returncode}. Likely cause: main() does not return "
+        "torchrun's exit code (subprocess.call's result)\n" + result.describe()
     )
 
 

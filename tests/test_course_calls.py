@@ -83,3 +83,21 @@ def test_a_timeout_on_any_rank_is_reported_when_its_peer_failed_first(tmp_path):
 
 def _raises(rank: int, message: str) -> None:
     raise RuntimeError(message)
+
+
+def test_a_rank_that_aborts_in_cpp_is_reported_with_its_own_line(tmp_path):
+    """mp.spawn says only "terminated with signal SIGABRT"; the rank's stderr has gloo's
+    reason, and a size mismatch gets its cause."""
+    err = RuntimeError("process 1 terminated with signal SIGABRT")
+    assert calls._native_error(err, tmp_path) is None  # nothing written: nothing claimed
+    (tmp_path / "rank1.err").write_text(
+        "some warning\nterminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+        "  what():  [enforce fail at pair.cc:464] op.preamble.length <= op.nbytes. 8 vs 4.\n"
+    )
+    text = calls._native_error(err, tmp_path)
+    assert text.startswith("rank 1 died of SIGABRT; its last error line: what():")
+    assert "8 vs 4" in text and "different sizes" in text
+    (tmp_path / "rank1.err").write_text("  what():  std::bad_alloc\n")
+    other = calls._native_error(err, tmp_path)
+    assert "bad_alloc" in other and "different sizes" not in other
+    assert calls._native_error(RuntimeError("process 1 exited with code 1"), tmp_path) is None

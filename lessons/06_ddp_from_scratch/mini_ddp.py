@@ -84,10 +84,16 @@ class MiniDDP(nn.Module):
         """Wait for this step's all-reduces and put the averages in .grad."""
         if self._next < len(self.buckets):  # every rank raises: none waits for the others
             missing = [p.shape for b in self.buckets[self._next :] for p in b if p.grad is None]
-            raise RuntimeError(f"MiniDDP: no gradient this step for parameters {missing}")
+            raise RuntimeError(
+                f"MiniDDP: no gradient this step for parameters of shapes {missing}"
+                if missing
+                else f"MiniDDP: {self._next} of {len(self.buckets)} buckets were sent, though "
+                "every parameter has a gradient: the gradients counted per bucket are wrong, "
+                "or were not reset after the last step"
+            )
         # TODO: wait for every pending all-reduce, then copy each averaged flat tensor
         # back into its parameters' .grad, and get ready for the next step.
-        raise NotImplementedError("TODO at 06_ddp_from_scratch/mini_ddp.py:90 is not done yet")
+        raise NotImplementedError("TODO at 06_ddp_from_scratch/mini_ddp.py:96 is not done yet")
 
 
 # --8<-- [end:mini_ddp]

@@ -97,6 +97,7 @@ def run_scenario(lesson, counter, rank, world, device, name, cap):
     wrapped = lesson.MiniDDP(model, bucket_cap_mb=cap)
     after = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     notes = {"module_is_model": getattr(wrapped, "module", None) is model, "steps": []}
+    notes["buffers"] = [name for name, _ in model.named_buffers()]
     optimizer = torch.optim.SGD(model.parameters(), lr=m.LR, momentum=m.MOMENTUM)
     x, y = (t.to(device) for t in m.batch(name))
     per = m.BATCH // world

@@ -72,6 +72,15 @@ MUTANTS = [
         caught_by="sums_over_every_rank",
         says=("around a ring, a rank sends to one neighbour",),
     ),
+    dict(
+        name="sends_the_wrong_chunk",
+        why="the reduce-scatter sends chunk r - s + 1 where the neighbour expects r - s: "
+        "with chunks of unequal length a message does not fit its receive buffer",
+        old="        exchange(chunks[(rank - step) % world], received)\n",
+        new="        exchange(chunks[(rank - step + 1) % world], received)\n",
+        caught_by="sums_over_every_rank",
+        says=("died of SIGABRT", "different sizes"),
+    ),
 ]
 
 ALTERNATIVES = [

@@ -22,6 +22,7 @@ MUTANTS = [
         old="            for tensor in [*module.parameters(), *module.buffers()]:\n",
         new="            for tensor in module.parameters():\n",
         caught_by="rank_0s_weights",
+        says=("the broadcast skips module.buffers()",),
     ),
     dict(
         name="summed_not_averaged",

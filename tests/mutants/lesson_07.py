@@ -38,6 +38,13 @@ MUTANTS = [
         new='f"--nproc_per_node={args.nnodes}",\n',
         caught_by="two_launchers",
     ),
+    dict(
+        name="exit_code_dropped",
+        why="the launcher waits for torchrun and exits 0 whatever the job did",
+        old="    return subprocess.call(command)\n",
+        new="    subprocess.call(command)\n    return 0\n",
+        caught_by="failed_job",
+    ),
 ]
 
 ALTERNATIVES = [

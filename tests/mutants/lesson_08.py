@@ -76,6 +76,29 @@ MUTANTS = [
         new=_OPTIONS.replace("not args.no_bucket_view", "True"),
         caught_by="options_from_the_command_line",
     ),
+    dict(
+        name="static_graph_ignored",
+        why="--static-graph never reaches DDP: the benchmark measures nothing",
+        old="        static_graph=args.static_graph, **ranks.no_per_step_buffer_sync(),\n",
+        new="        **ranks.no_per_step_buffer_sync(),\n",
+        caught_by="options_from_the_command_line",
+    ),
+    dict(
+        name="optimizer_steps_past_the_scaler",
+        why="optimizer.step() instead of scaler.step(optimizer): fp16 steps with gradients "
+        "65536 times too large",
+        old="            scaler.step(optimizer)  # skips the step if a gradient overflowed",
+        new="            optimizer.step()  # past the scaler",
+        caught_by="fp16_run_learns",
+    ),
+    dict(
+        name="scaler_never_updated",
+        why="scaler.update() forgotten: GradScaler refuses a second step (and never lowers "
+        "its scale after an overflow)",
+        old="            scaler.update()\n",
+        new="",
+        caught_by="fp16_run_learns",
+    ),
 ]
 
 ALTERNATIVES = [
