@@ -69,7 +69,8 @@ def pytest_xdist_make_scheduler(config, log):
     build, the recorded runs): sent to two workers, each would run them. The files of
     SPREAD, whose tests are independent gradings, are spread test by test, as xdist's
     default `load` does, and run last (pytest_collection_modifyitems): small pieces
-    that fill both workers to the end."""
+    that fill both workers to the end. The files of TOGETHER share one worker: the
+    site tests and the browser tests read one build of the site (tests/_sitebuild.py)."""
     if config.getvalue("dist") != "load":
         return None  # the caller asked for another scheme: keep it
     from xdist.scheduler import LoadScopeScheduling
@@ -77,7 +78,10 @@ def pytest_xdist_make_scheduler(config, log):
     class LessonScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::", 1)[0]
-            return nodeid if Path(file).name in SPREAD else file
+            name = Path(file).name
+            if name in SPREAD:
+                return nodeid
+            return TOGETHER.get(name, file)
 
     return LessonScheduling(config, log)
 
@@ -265,6 +269,7 @@ def lesson_of(path: Path) -> str | None:
 
 # The course's own suite: files of independent gradings, one test each (see the scheduler).
 SPREAD = ("test_mutants.py", "test_grader.py")
+TOGETHER = {"test_site.py": "site", "test_browser.py": "site"}  # one worker, one site build
 
 
 def pytest_collection_modifyitems(config, items):
