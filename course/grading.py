@@ -262,6 +262,27 @@ def needed(request, every) -> list[str]:
     return [name for name in every if name in want]
 
 
+class _Interrupted:
+    """The mark a shared launch leaves in its cache while it runs (see shared)."""
+
+
+def shared(cache: dict, key, launch):
+    """cache[key], made by launch() the first time: the launches a lesson's tests share.
+
+    If that first attempt never finished (pytest-timeout stopped its test, say), the
+    later tests fail at once, pointing at it, instead of starting the launches again."""
+    if isinstance(cache.get(key), _Interrupted):
+        pytest.fail(
+            "the launches this test reads were interrupted in an earlier test, which "
+            "reports why; they are not started again",
+            pytrace=False,
+        )
+    if key not in cache:
+        cache[key] = _Interrupted()
+        cache[key] = launch()
+    return cache[key]
+
+
 def lesson_of(path: Path) -> str | None:
     match = LESSON_FILE.match(Path(path).name)
     return match.group(1) if match else None
@@ -272,8 +293,25 @@ SPREAD = ("test_mutants.py", "test_grader.py")
 TOGETHER = {"test_site.py": "site", "test_browser.py": "site"}  # one worker, one site build
 
 
+def _scale_pytest_timeouts(config, items) -> None:
+    """pytest-timeout's limits (its `timeout` setting, @pytest.mark.timeout) stretch with
+    COURSE_TIMEOUT_SCALE, as every launch's deadline does (course/procs.py): on a slow
+    machine a test would otherwise be killed by pytest-timeout while its launches,
+    already scaled, are still within theirs."""
+    scale = procs.timeout_scale()
+    if scale == 1 or not hasattr(config, "_env_timeout"):  # no pytest-timeout: nothing to do
+        return
+    if config._env_timeout:
+        config._env_timeout *= scale
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        if marker is not None and marker.args and isinstance(marker.args[0], int | float):
+            item.add_marker(pytest.mark.timeout(marker.args[0] * scale), append=False)
+
+
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.path.name in SPREAD)  # stable: the rest keep their order
+    _scale_pytest_timeouts(config, items)
     for item in items:
         # For `python -m course durations`: each test's markers, in the JUnit file.
         markers = sorted({m.name for m in item.iter_markers()} & {"mutation", "gpus", "core"})

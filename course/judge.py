@@ -28,6 +28,11 @@ def digits_accuracy(path: str | Path, norm: str = "batch") -> float:
     return _accuracy(str(Path(path).resolve()), norm, stat.st_mtime_ns, stat.st_size)
 
 
+def digits_test_size() -> int:
+    """How many images the test split has: one image more or less right is 1/this."""
+    return len(_digits_test_set()[1])
+
+
 @functools.cache
 def _digits_test_set():
     return data.build_datasets("digits")[1].tensors

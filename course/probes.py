@@ -15,6 +15,7 @@ imports it (`after_torch_import`):
     COURSE_DDP_LOG      DDP's all-reduces per optimizer step, counted by a
                         communication hook, and its options (course/ddp_log.py)
     COURSE_RANK_LOG_DIR each rank's output in a file of its own (course/rank_logs.py)
+    COURSE_CONNECT_LOG  every TCP connect attempt, timed (course/connect_log.py)
     COURSE_KILL_*       faults injected on purpose (course/chaos.py)
 
 The lessons never call any of this: a student's own way of writing the same
@@ -32,6 +33,7 @@ ENVIRONMENT = (
     "COURSE_BATCH_LOG",
     "COURSE_DDP_LOG",
     "COURSE_RANK_LOG_DIR",
+    "COURSE_CONNECT_LOG",
     "COURSE_KILL_AT_STEP",
     "COURSE_KILL_IN_SAVE",
 )
@@ -48,6 +50,10 @@ def install() -> None:
         from course import rank_logs
 
         rank_logs.install()
+    if os.environ.get("COURSE_CONNECT_LOG"):
+        from course import connect_log
+
+        connect_log.install()
     # The others hook into torch: armed once the process imports it, never before. Every
     # lesson process imports torch first thing; the processes that never do (the
     # resource tracker beside each mp.spawn, helpers) would import it only for the

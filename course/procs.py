@@ -74,6 +74,7 @@ class RunResult:
     rank_logs: dict[str, str] = field(default_factory=dict)
 
     reported: bool = False
+    started: float = 0.0  # time.time() at the start: to compare with what the child logged
 
     @property
     def ok(self) -> bool:
@@ -339,7 +340,7 @@ def run(
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         extra[RANK_LOG_ENV] = str(log_dir)
-    start = time.monotonic()
+    start, started = time.monotonic(), time.time()
     user = child_user(cwd, log_dir)
     # A file, not a pipe: a chatty child can never block on a full pipe buffer.
     with tempfile.TemporaryFile() as out:
@@ -404,6 +405,7 @@ def run(
         timeout=timeout,
         pgid=pgid,
         rank_logs=logs,
+        started=started,
     )
 
 

@@ -120,9 +120,29 @@ def test_script_checkpoint_has_plain_keys(cpu_run):
 def test_trains_with_bf16_autocast_and_channels_last(impl, run_script, tmp_path):
     """--amp bf16 --channels-last (what `python -m course bench` varies) still learns."""
     args = ["--device", "cpu", "--epochs", "2", "--quiet", "--amp", "bf16", "--channels-last"]
-    run_script(LESSON.path(impl), *args, "--metrics-out", "m.json", timeout=90)
-    metrics = json.loads((tmp_path / "m.json").read_text())
-    assert metrics["final_accuracy"] >= 0.8, metrics["final_accuracy"]
+    run_script(
+        LESSON.path(impl), *args, "--metrics-out", "m.json", "--checkpoint", "c.pt", timeout=90
+    )
+    judged_and_reported(tmp_path / "c.pt", tmp_path / "m.json", 0.8)
+
+
+def judged_and_reported(path, metrics_path, at_least: float) -> None:
+    """The grader's own evaluation of the saved weights (course/judge.py) reaches
+    `at_least`, and the metrics file reports that same run, not another split or run:
+    within one test image, since the run evaluated with other kernels (channels-last, a
+    GPU) than the grader's plain CPU ones, and a borderline image can fall either way."""
+    accuracy = judge.digits_accuracy(path)
+    reported = json.loads(metrics_path.read_text())["final_accuracy"]
+    one_image = 1 / judge.digits_test_size()
+    assert accuracy >= at_least, (
+        f"the saved model classifies {accuracy:.1%} of the test digits when the grader "
+        f"evaluates it; expected at least {at_least:.0%}"
+    )
+    assert abs(reported - accuracy) <= 1.01 * one_image, (
+        f"metrics.json says final_accuracy {reported:.4f}; the grader's evaluation of the "
+        f"saved model gives {accuracy:.4f} (more than one test image apart): the file must "
+        "report the run's test accuracy"
+    )
 
 
 @pytest.mark.points(1)
@@ -162,5 +182,5 @@ def test_trains_on_two_gpus(impl, run_script, tmp_path):
     run_script(path, *args, "--checkpoint", "c.pt", "--metrics-out", "m.json", timeout=120)
     metrics = json.loads((tmp_path / "m.json").read_text())
     assert metrics["data_parallel"] is True and metrics["global_batch_size"] == 64
-    assert metrics["final_accuracy"] >= 0.9
+    judged_and_reported(tmp_path / "c.pt", tmp_path / "m.json", 0.9)
     models.build_model("cnn", 10, 1).load_state_dict(checkpoint.load(tmp_path / "c.pt")["model"])

@@ -174,13 +174,18 @@ def test_ring_all_reduce_on_two_gpus(calls):
 
 @pytest.mark.points(1)
 def test_the_tour_prints_every_collective(impl, tmp_path):
-    """`--nproc 2` runs the tour: one line per collective, printed by rank 0 alone."""
-    args = ["--nproc", "2", "--backend", "gloo"]
+    """`--nproc 2` runs the tour: one line per collective, printed by rank 0 alone, then
+    the ring on --size values (7 here, not the default) checked against dist.all_reduce."""
+    args = ["--nproc", "2", "--backend", "gloo", "--size", "7"]
     result = procs.python(LESSON.path(impl), *args, timeout=90, cwd=tmp_path)
     assert result.ok, result.failure()
     for name in ("broadcast", "all_reduce", "reduce(dst=0)", "all_gather", "reduce_scatter"):
         lines = [line for line in result.output.splitlines() if line.startswith(name)]
         assert len(lines) == 1, f"expected one line for {name}, got {lines}\n{result.output}"
+    assert "your ring (7 values)" in result.output, (
+        f"--size 7: expected the ring's line to say 7 values\n{result.output[-1500:]}"
+    )
+    assert "your ring equals dist.all_reduce on rank 0: True" in result.output, result.output
 
 
 @pytest.mark.points(1)

@@ -18,6 +18,7 @@ same 2 ranks and the same data, so their weights must be identical.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,8 +26,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import lessons, procs
-from course.grading import needed
+from course import connect_log, lessons, procs
+from course.grading import needed, shared
 from course.ranks import free_port
 
 LESSON = lessons.get("07")
@@ -53,7 +54,7 @@ def launcher(impl, *args, delay: float = 0.0) -> list[str]:
 
 @pytest.fixture
 def runs(impl, backend, tmp_path_factory, request):
-    if backend not in _runs:
+    def launch():
         folders = {
             name: tmp_path_factory.mktemp(f"{name}-{backend}")
             for name in ("two", "one", "wrong", "fails")
@@ -81,7 +82,12 @@ def runs(impl, backend, tmp_path_factory, request):
         )
         args = ["--nnodes", 2, "--node-rank", 1, "--endpoint", f"127.0.0.1:{free_port()}"]
         args += ["--connect-timeout", WRONG_TIMEOUT, "--", JOB, folders["wrong"], backend]
-        jobs["wrong"] = dict(args=launcher(impl, *args), timeout=WRONG_LIMIT, cwd=folders["wrong"])
+        jobs["wrong"] = dict(
+            args=launcher(impl, *args),
+            timeout=WRONG_LIMIT,
+            cwd=folders["wrong"],
+            env={connect_log.LOG_ENV: str(folders["wrong"] / "connects.jsonl")},
+        )
         args = ["--endpoint", f"127.0.0.1:{free_port()}", "--job-id", "fails", "--", FAILS]
         jobs["fails"] = dict(args=launcher(impl, *args), timeout=60, cwd=folders["fails"])
         want = needed(request, tuple(jobs))
@@ -92,8 +98,13 @@ def runs(impl, backend, tmp_path_factory, request):
         with ThreadPoolExecutor(max_workers=2) as pool:
             two = pool.submit(procs.run_all, pair, fail_fast=True)
             others = pool.submit(procs.run_all, rest)
-            _runs[backend] = ({**two.result(), **others.result()}, folders)
-    return _runs[backend]
+        return {**two.result(), **others.result()}, folders
+
+    return shared(_runs, backend, launch)
+
+
+def args_of(result, flag: str) -> str:
+    return result.args[result.args.index(flag) + 1]
 
 
 def ranks_seen(folder: Path) -> list[dict]:
@@ -101,10 +112,19 @@ def ranks_seen(folder: Path) -> list[dict]:
 
 
 def finished(runs, *names):
+    """The folders, once every launch in `names` succeeded; else the test fails with the
+    story of the failed one, and for a failed node of the two-node job, of both nodes:
+    the launcher that failed first is often the one left waiting for the other."""
     results, folders = runs
     for name in names:
-        if not results[name].ok:
-            pytest.fail(f"launch {name}: {results[name].failure()}", pytrace=False)
+        if results[name].ok:
+            continue
+        if name in ("node0", "node1"):
+            if results["node0"].reported or results["node1"].reported:
+                pytest.fail(results[name].failure(), pytrace=False)  # said once, earlier
+            story = [f"--- launcher {n} ---\n{results[n].failure()}" for n in ("node0", "node1")]
+            pytest.fail("the two-node job failed:\n" + "\n".join(story), pytrace=False)
+        pytest.fail(f"launch {name}: {results[name].failure()}", pytrace=False)
     return folders
 
 
@@ -153,22 +173,42 @@ def test_two_nodes_train_exactly_like_one_node_with_two_processes(runs, backend)
 @pytest.mark.needs("wrong")
 def test_a_wrong_endpoint_fails_fast_in_one_line(runs, backend):
     """Nothing listens at the endpoint: the launcher gives up after --connect-timeout 5."""
-    results, _ = runs
+    results, folders = runs
     result = results["wrong"]
-    assert not result.timed_out, (
-        f"a node pointed at an endpoint where nothing listens was still running after "
-        f"{WRONG_LIMIT} s (--connect-timeout {WRONG_TIMEOUT}). Expected the launcher to test "
-        "the endpoint before starting torchrun, whose rendezvous waits for many minutes"
-    )
+    port = int(args_of(result, "--endpoint").rsplit(":", 1)[1])
+    tries = [a for a in connect_log.read(folders["wrong"] / "connects.jsonl") if a["port"] == port]
+    if result.timed_out:
+        seen = (
+            f"It tried the endpoint {len(tries)} times over "
+            f"{tries[-1]['t'] - tries[0]['t']:.0f} s and kept trying: it must give up after "
+            f"--connect-timeout {WRONG_TIMEOUT} s"
+            if tries
+            else "It never tried the endpoint itself (no TCP connection from the launcher "
+            "was seen): expected it to test the endpoint before starting torchrun, whose "
+            "rendezvous waits for many minutes"
+        )
+        pytest.fail(
+            f"a node pointed at an endpoint where nothing listens was still running after "
+            f"{WRONG_LIMIT} s (--connect-timeout {WRONG_TIMEOUT}). {seen}\n{result.describe()}",
+            pytrace=False,
+        )
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.returncode != 0 and lines, result.describe()
     last = lines[-1]
     assert "Traceback" not in result.output and "127.0.0.1" in last, (
         f"expected one line that names the endpoint, got:\n{result.output[-1500:]}"
     )
-    assert result.seconds >= WRONG_TIMEOUT - 0.5, (
-        f"gave up after {result.seconds:.1f} s, before --connect-timeout {WRONG_TIMEOUT}: "
-        "node 0 may start a little later than the others, so a node must keep trying"
+    # Measured from the launcher's first attempt (course/connect_log.py), not from its
+    # start: on a loaded machine the imports alone can take longer than the timeout.
+    assert tries, (
+        f"the launcher gave up without opening a TCP connection to {port} (none was seen "
+        "from inside it): it must try node 0's endpoint, and keep trying, before giving up"
+    )
+    kept = result.started + result.seconds - tries[0]["t"]
+    assert kept >= WRONG_TIMEOUT - 0.5, (
+        f"gave up {kept:.1f} s after its first attempt ({len(tries)} attempts), before "
+        f"--connect-timeout {WRONG_TIMEOUT}: node 0 may start a little later than the "
+        "others, so a node must keep trying"
     )
 
 
@@ -188,6 +228,45 @@ def test_a_failed_job_fails_its_launcher(runs, backend):
         f"the launcher exited {result.returncode}. Likely cause: main() does not return "
         "torchrun's exit code (subprocess.call's result)\n" + result.describe()
     )
+
+
+@pytest.mark.points(1)
+def test_dry_run_prints_the_torchrun_command_of_every_option(impl, tmp_path):
+    """--dry-run prints the command and starts nothing; every option, at a value that is
+    not its default, reaches it, as torchrun's own parser reads the command."""
+    from torch.distributed.run import get_args_parser
+
+    args = ["--dry-run", "--nnodes", "3", "--node-rank", "1", "--nproc-per-node", "4"]
+    args += ["--endpoint", "10.1.2.3:29555", "--job-id", "dry", "--max-restarts", "3"]
+    result = procs.python(LESSON.path(impl), *args, "--", "job.py", "--lr", "0.1", timeout=30)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.returncode == 0 and len(lines) == 1, (
+        f"expected exit 0 and one line, the torchrun command\n{result.describe()}"
+    )
+    command = shlex.split(lines[0])
+    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"], (
+        f"expected the command to start with this Python's -m torch.distributed.run: {lines[0]}"
+    )
+    seen = get_args_parser().parse_args(command[3:])
+    got = {
+        "nnodes": seen.nnodes,
+        "nproc_per_node": seen.nproc_per_node,
+        "rdzv_endpoint": seen.rdzv_endpoint,
+        "rdzv_id": seen.rdzv_id,
+        "max_restarts": seen.max_restarts,
+        "script": [seen.training_script, *seen.training_script_args],
+    }
+    want = {
+        "nnodes": "3",
+        "nproc_per_node": "4",
+        "rdzv_endpoint": "10.1.2.3:29555",
+        "rdzv_id": "dry",
+        "max_restarts": 3,
+        "script": ["job.py", "--lr", "0.1"],
+    }
+    wrong = {key: (got[key], want[key]) for key in want if got[key] != want[key]}
+    assert not wrong, f"torchrun would read (got, expected): {wrong} from {lines[0]}"
+    assert seen.rdzv_backend == "c10d", f"expected the c10d rendezvous, got {seen.rdzv_backend}"
 
 
 @pytest.mark.points(1)

@@ -134,6 +134,9 @@ def test_torchrun_agent_race_is_recognised_and_launched_again(tmp_path):
         )
 
     raced = launch("race")
+    if not fresh_calls and "JSONDecodeError" not in raced.output:
+        assert "ChildFailedError" in raced.output, raced.describe()
+        pytest.skip("this PyTorch's agent reads an empty error file without dying: no race")
     assert fresh_calls == [1], raced.describe()
     assert procs.torchrun_agent_raced(raced), raced.describe()
     assert raced.output.startswith("course: torchrun's agent died"), raced.output[:300]

@@ -254,3 +254,22 @@ def test_a_rank_0_only_barrier_is_reported_once_before_the_deadline(tmp_path):
     assert "rank 0 at step 0" in message and "rank 1 at step" in message, message
     assert message.count(procs.HANG_CAUSE) == 1, message
     assert "shared launch failed" in result.failure(), "a second test gets one line, not a copy"
+
+
+def test_pytest_timeouts_stretch_with_course_timeout_scale(tmp_path):
+    """pytest-timeout's limits follow COURSE_TIMEOUT_SCALE like every launch's deadline."""
+    planted = tmp_path / "test_97_slow.py"
+    planted.write_text(
+        "import time, pytest\n\n"
+        "def test_default_limit():\n    time.sleep(1.6)\n\n"
+        "@pytest.mark.timeout(1)\ndef test_marked_limit():\n    time.sleep(1.6)\n"
+    )
+    args = [sys.executable, "-m", "pytest", str(planted), "-q", "-p", "no:cacheprovider"]
+    args += ["-p", "no:xdist", "-o", "addopts=", "-p", "course.grading", "-o", "timeout=1"]
+    for scale, failed in (("1", 2), ("3", 0)):
+        run = procs.run(args, timeout=60, cwd=tmp_path, env={"COURSE_TIMEOUT_SCALE": scale})
+        assert f"{failed} failed" in run.output if failed else "2 passed" in run.output, (
+            f"COURSE_TIMEOUT_SCALE={scale}: expected {failed} of 2 tests past their 1 s "
+            f"limit to fail\n{run.describe()}"
+        )
+        assert failed == 0 or "Timeout" in run.output, run.describe()

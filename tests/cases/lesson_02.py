@@ -6,12 +6,18 @@ Run by tests/test_02_data_parallel.py as `python lesson_02.py LESSON_FILE OUT_DI
 from __future__ import annotations
 
 import copy
+import os
 
-import torch
-from torch import nn
+# The cases build DataParallel on the CPU, whatever GPUs this machine has: on a machine
+# with one GPU, DataParallel(model, device_ids=[0, 1]) would refuse a GPU that is not
+# there (lesson 02's GPU runs are the tests marked gpus).
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
-from course import models
-from course.calls import Cases, Tensors, raised
+import torch  # noqa: E402 - after hiding the GPUs
+from torch import nn  # noqa: E402
+
+from course import models  # noqa: E402
+from course.calls import Cases, Tensors, raised  # noqa: E402
 
 cases = Cases()
 FUNCTIONS = ("wrap_model", "unwrap", "checkpoint_state", "restore", "main")

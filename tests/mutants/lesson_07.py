@@ -45,6 +45,13 @@ MUTANTS = [
         new="    subprocess.call(command)\n    return 0\n",
         caught_by="failed_job",
     ),
+    dict(
+        name="max_restarts_ignored",
+        why="--max-restarts never reaches torchrun: a failed rank always ends the job",
+        old='        f"--max_restarts={args.max_restarts}", args.script, *args.script_args,\n',
+        new='        "--max_restarts=0", args.script, *args.script_args,\n',
+        caught_by="dry_run",
+    ),
 ]
 
 ALTERNATIVES = [
