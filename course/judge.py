@@ -38,14 +38,16 @@ def _digits_test_set():
     return data.build_datasets("digits")[1].tensors
 
 
-@functools.cache
-@torch.no_grad()
-def _accuracy(path: str, norm: str, _mtime_ns: int, _size: int) -> float:
+def _weights(path) -> dict | None:
+    """The model's state dict in a checkpoint, without a wrapper's `module.` prefix."""
     state = checkpoint.load(path)
     weights = state.get("model") if isinstance(state, dict) else None
     if isinstance(weights, dict):  # a DDP/DataParallel wrapper's keys: other tests judge that
         weights = {k.removeprefix("module."): v for k, v in weights.items()}
-    model = models.build_model("cnn", num_classes=10, in_channels=1, norm=norm)
+    return weights
+
+
+def _load(model, weights, path) -> None:
     try:
         model.load_state_dict(weights)
     except (RuntimeError, TypeError, AttributeError) as err:
@@ -53,6 +55,26 @@ def _accuracy(path: str, norm: str, _mtime_ns: int, _size: int) -> float:
         raise ValueError(
             f"{Path(path).name} holds no weights of the lesson's cnn: {first}"
         ) from None
+
+
+@functools.cache
+@torch.no_grad()
+def _accuracy(path: str, norm: str, _mtime_ns: int, _size: int) -> float:
+    model = models.build_model("cnn", num_classes=10, in_channels=1, norm=norm)
+    _load(model, _weights(path), path)
     model.eval()
     images, labels = _digits_test_set()
     return (model(images).argmax(1) == labels).float().mean().item()
+
+
+@torch.no_grad()
+def folder_accuracy(path: str | Path, tree: str | Path, image_size: int = 32) -> float:
+    """Test accuracy of the `cnn` weights in the checkpoint at `path` on the test split of
+    the image folder `tree` (course.data.image_folder: val/, or its fixed 20 %)."""
+    _, test_set, classes, channels = data.build_datasets(str(tree), image_size=image_size)
+    weights = _weights(path)
+    model = models.build_model("cnn", num_classes=classes, in_channels=channels)
+    _load(model, weights, path)
+    model.eval()
+    correct = sum(int(model(image[None]).argmax(1).item() == label) for image, label in test_set)
+    return correct / len(test_set)

@@ -67,7 +67,10 @@ def backend_and_world_size(backend: str | None, nproc: int | None, sync_bn: bool
     if backend == "nccl" and gpus == 0:  # else 0 ranks: a run that does nothing, silently
         raise ValueError("--backend nccl needs CUDA GPUs and this machine has none: use gloo")
     if backend == "nccl" and world_size > gpus:
-        raise ValueError(f"--backend nccl with {world_size} ranks needs {world_size} GPUs: {gpus}")
+        raise ValueError(
+            f"--backend nccl with {world_size} ranks needs {world_size} GPUs; "
+            f"this machine has {gpus}"
+        )
     if sync_bn and backend != "nccl":
         raise ValueError("--sync-bn needs --backend nccl: SyncBatchNorm runs on CUDA tensors only")
     return backend, world_size

@@ -82,6 +82,7 @@ def folder_run(impl, tmp_path_factory):
     result = run_once(
         impl, folder, "--device", "cpu", "--data", "tree", "--epochs", "3", "--batch-size", "16",
         "--num-workers", "0", "--quiet", "--metrics-out", "metrics.json",
+        "--checkpoint", "ckpt.pt",
     )  # fmt: skip
     return result, folder
 
@@ -134,7 +135,19 @@ def test_learns_an_image_folder(folder_run):
     metrics = metrics_of(folder_run)
     losses = [e["train_loss"] for e in metrics["epochs"]]
     assert losses[-1] < losses[0], f"the training loss did not decrease: {losses}"
-    assert metrics["final_accuracy"] >= 0.9, metrics["final_accuracy"]
+    folder = folder_run[1]
+    try:  # the grader's own evaluation of the saved weights, on the tree's val/ images
+        accuracy = judge.folder_accuracy(folder / "ckpt.pt", folder / "tree")
+    except (FileNotFoundError, ValueError) as err:
+        pytest.fail(f"the grader could not evaluate the run's checkpoint: {err}", pytrace=False)
+    assert accuracy >= 0.9, (
+        f"the saved model classifies {accuracy:.1%} of the tree's val/ images when the grader "
+        "evaluates it; expected at least 90 %"
+    )
+    assert metrics["final_accuracy"] == pytest.approx(accuracy, abs=1e-4), (
+        f"metrics.json says final_accuracy {metrics['final_accuracy']:.4f}; the grader's "
+        f"evaluation of the saved model gives {accuracy:.4f}"
+    )
 
 
 def load_checkpoint(path, what):

@@ -21,8 +21,9 @@ that doesn't shows one per micro-batch, whatever the bucket size.
 
 Equivalence tolerance, from a measured distribution: over seeds 0-11 with `acc`'s other
 options (gloo, PyTorch 2.14.1, 2 cores, 2026-12-01) `acc` ended 7.3e-8 to 1.3e-7 from the
-reference (float32 sums in another order; 3.0e-8 to 9.7e-8 at the default --lr). The test allows 1e-4, a thousand times more; a loss not divided
-by k, or gradients cleared between micro-batches, is off by far more (the mutants).
+reference (float32 sums in another order; 3.0e-8 to 9.7e-8 at the default --lr). The
+test allows 1e-4, a thousand times more; a loss not divided by k, or gradients cleared
+between micro-batches, is off by far more (the mutants).
 
 Learning threshold, measured the same way: `learn` (fp16) reached 89.7-98.3 % test
 accuracy over seeds 0-5. The test asks for 80 %, as lesson 03 does. A loop that steps
