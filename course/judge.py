@@ -78,3 +78,66 @@ def folder_accuracy(path: str | Path, tree: str | Path, image_size: int = 32) ->
     model.eval()
     correct = sum(int(model(image[None]).argmax(1).item() == label) for image, label in test_set)
     return correct / len(test_set)
+
+
+@functools.cache
+def reference_weights(
+    seed: int,
+    lr: float,
+    world: int,
+    per_rank: int,
+    epochs: int = 1,
+    steps: int | None = None,
+    norm: str = "none",
+) -> dict:
+    """The weights data-parallel training must end with, trained here in one process.
+
+    The lessons' recipe (`cnn` on digits, without BatchNorm unless `norm` says so, SGD
+    with momentum 0.9 and weight decay 5e-4, after seed_everything(seed)) on one batch of
+    `world` x `per_rank` images a step: at each step, the next `per_rank` images of every
+    rank's DistributedSampler(seed) order, reshuffled each epoch (set_epoch), as `world` ranks
+    would see them. `steps` stops early (--max-steps). One thread, as each rank computes,
+    whatever this machine has. Without BatchNorm the global batch is the same computation
+    as the ranks' averaged gradients, up to the order of float32 sums. With one rank
+    (world=1) the order is lesson 01's: a shuffling DataLoader whose generator is seeded
+    seed + epoch (the loader draws from it too, so its order is not the sampler's alone)."""
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from course.train_utils import seed_everything
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        seed_everything(seed)
+        train_set, _, classes, channels = data.build_datasets("digits")
+        model = models.build_model("cnn", classes, channels, norm)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+        samplers = [
+            DistributedSampler(train_set, num_replicas=world, rank=r, seed=seed)
+            for r in range(world)
+        ]
+        model.train()
+        done = 0
+        for epoch in range(epochs):
+            for sampler in samplers:
+                sampler.set_epoch(epoch)
+            orders = [list(sampler) for sampler in samplers]
+            if world == 1:  # lesson 01's own loader: shuffle=True, generator seeded seed + epoch
+                shuffle = torch.Generator().manual_seed(seed + epoch)
+                indices = range(len(train_set))
+                batches = DataLoader(indices, per_rank, shuffle=True, generator=shuffle)
+                orders = [[i for batch in batches for i in batch.tolist()]]
+            for start in range(0, len(orders[0]), per_rank):
+                if steps is not None and done == steps:
+                    break
+                chosen = [i for order in orders for i in order[start : start + per_rank]]
+                images, labels = train_set[chosen]
+                loss = F.cross_entropy(model(images), labels)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                done += 1
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    finally:
+        torch.set_num_threads(threads)

@@ -33,7 +33,6 @@ GradScaler raises at its next update() or step().
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 
@@ -93,42 +92,12 @@ def runs(impl, backend, tmp_path_factory, request):
     return _runs[backend]
 
 
-@functools.cache
-def reference(seed: int = ACC_SEED, lr: float = ACC_LR) -> dict:
+def reference() -> dict:
     """The weights `acc` must end with, trained here, in one process, from the course's
-    own code: the lesson's model (--norm none) and SGD after seed_everything(seed), and
-    STEPS steps of one batch of WORLD x K x MICRO images: at step s, each rank's images
-    s*K*MICRO to (s+1)*K*MICRO of its DistributedSampler(seed) order."""
-    import torch
-    import torch.nn.functional as F
-    from torch.utils.data import DistributedSampler
-
-    from course import data, models
-    from course.train_utils import seed_everything
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each rank computes (QUIET_ENV), whatever this machine has
-    try:
-        seed_everything(seed)
-        train_set, _, classes, channels = data.build_datasets("digits")
-        model = models.build_model("cnn", classes, channels, "none")
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
-        orders = [
-            list(DistributedSampler(train_set, num_replicas=WORLD, rank=r, seed=seed))
-            for r in range(WORLD)
-        ]
-        per_rank = K * MICRO
-        model.train()
-        for step in range(STEPS):
-            chosen = [i for order in orders for i in order[step * per_rank : (step + 1) * per_rank]]
-            images, labels = train_set[chosen]
-            loss = F.cross_entropy(model(images), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
-    finally:
-        torch.set_num_threads(threads)
+    own code (course.judge.reference_weights): STEPS steps of one batch of WORLD x K x MICRO
+    images, at step s each rank's images s*K*MICRO to (s+1)*K*MICRO of its
+    DistributedSampler(ACC_SEED) order."""
+    return judge.reference_weights(ACC_SEED, ACC_LR, WORLD, K * MICRO, steps=STEPS)
 
 
 def finished(runs, name):

@@ -110,6 +110,15 @@ def resume(lesson):
     return {"start_epoch": metrics.get("start_epoch") if isinstance(metrics, dict) else None}
 
 
+@cases.case
+def reference_recipe(lesson):
+    """1 epoch at flags that are not the defaults (--norm none --seed 3 --lr 0.1): the grader
+    trains the same recipe itself and compares the weights (test_01)."""
+    argv = ["--device", "cpu", "--batch-size", "128", "--epochs", "1", "--norm", "none"]
+    lesson.main([*argv, "--seed", "3", "--lr", "0.1", "--quiet", "--checkpoint", "ref/last.pt"])
+    return {}
+
+
 BAD_FLAGS = {
     "epochs-0": ["--epochs", "0"],
     "batch-size-text": ["--batch-size", "many"],

@@ -14,6 +14,13 @@ MUTANTS = [
         caught_by="learns_digits or optimizer_steps",
     ),
     dict(
+        name="loss_summed_over_the_batch",
+        why="reduction='sum' in training: the step is batch-size times too large",
+        old="            loss = F.cross_entropy(model(images), labels)\n",
+        new='            loss = F.cross_entropy(model(images), labels, reduction="sum")\n',
+        caught_by="graders_own",
+    ),
+    dict(
         name="mean_of_batch_means",
         why="evaluate sums batch means: the last, smaller batch weighs as much as a full one",
         old='total_loss += F.cross_entropy(logits, labels, reduction="sum").item()',
