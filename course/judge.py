@@ -67,6 +67,19 @@ def _accuracy(path: str, norm: str, _mtime_ns: int, _size: int) -> float:
     return (model(images).argmax(1) == labels).float().mean().item()
 
 
+def not_channels_last(weights: dict) -> list[str]:
+    """The 4-D weights (convolutions with more than one input channel, where the two layouts
+    differ) that a model moved with memory_format=torch.channels_last would not hold in
+    that layout: torch.save keeps a tensor's strides, so a checkpoint shows the layout."""
+    return [
+        name
+        for name, w in weights.items()
+        if w.dim() == 4
+        and w.shape[1] > 1
+        and not w.is_contiguous(memory_format=torch.channels_last)
+    ]
+
+
 @torch.no_grad()
 def folder_accuracy(path: str | Path, tree: str | Path, image_size: int = 32) -> float:
     """Test accuracy of the `cnn` weights in the checkpoint at `path` on the test split of

@@ -118,12 +118,16 @@ def test_script_checkpoint_has_plain_keys(cpu_run):
 
 @pytest.mark.points(1)
 def test_trains_with_bf16_autocast_and_channels_last(impl, run_script, tmp_path):
-    """--amp bf16 --channels-last (what `python -m course bench` varies) still learns."""
+    """--amp bf16 --channels-last (what `python -m course bench` varies) still learns, and
+    the saved conv weights are channels-last (torch.save keeps the layout)."""
     args = ["--device", "cpu", "--epochs", "2", "--quiet", "--amp", "bf16", "--channels-last"]
     run_script(
         LESSON.path(impl), *args, "--metrics-out", "m.json", "--checkpoint", "c.pt", timeout=90
     )
     judged_and_reported(tmp_path / "c.pt", tmp_path / "m.json", 0.8)
+    weights = checkpoint.load(tmp_path / "c.pt")["model"]
+    dense = judge.not_channels_last({k.removeprefix("module."): v for k, v in weights.items()})
+    assert not dense, f"--channels-last: the conv weights {dense[:3]} are not channels-last"
 
 
 def judged_and_reported(path, metrics_path, at_least: float) -> None:

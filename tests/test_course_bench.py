@@ -53,6 +53,14 @@ def test_ratios_are_against_one_device():
     assert "efficiency" not in rows[2]
 
 
+def test_the_mp_spawn_lessons_are_given_their_ranks():
+    """Lesson 03 starts like 01 (python train.py), with --nproc and the backend added."""
+    settings = bench.Settings("cuda", 2, "resnet50", 224, 128, "off", False)
+    (row,) = bench.plan(settings, ["03"], window=10, warmup=2, windows=5)
+    at = row.extra.index("--nproc")
+    assert row.world == 2 and row.extra[at : at + 4] == ["--nproc", "2", "--backend", "nccl"]
+
+
 def test_lesson_06_rows_compare_step_times_with_torch_ddp():
     """Lesson 06's three launches, and each one's step time over DDP's in the same run."""
     settings = bench.Settings("cuda", 2, "resnet50", 224, 128, "off", False)
@@ -133,7 +141,9 @@ def test_lesson_08_ratios_divide_by_their_own_baselines():
 
 def test_cpu_bench_times_the_lessons_and_writes_a_record_and_a_plot(tmp_path):
     out = tmp_path / "bench.json"
-    args = ["--lessons", "01", "03", "04", "--window", "2", "--warmup", "1", "--windows", "2"]
+    # 01 (one process) and 04 (torchrun, 2 ranks): both of the bench's launch paths; the
+    # mp.spawn lessons start like 01 (python train.py --nproc N).
+    args = ["--lessons", "01", "04", "--window", "2", "--warmup", "1", "--windows", "2"]
     result = procs.run(
         [sys.executable, "-m", "course", "bench", *args, "--out", str(out)],
         timeout=150,
@@ -141,15 +151,15 @@ def test_cpu_bench_times_the_lessons_and_writes_a_record_and_a_plot(tmp_path):
     )
     assert result.ok, result.describe()
     doc = json.loads(out.read_text())
-    assert [r["key"] for r in doc["rows"]] == ["01", "03", "04"]
+    assert [r["key"] for r in doc["rows"]] == ["01", "04"]
     for row in doc["rows"]:
         assert row["ok"], row.get("error")
         assert len(row["window_samples_per_s"]) == 2 and row["samples_per_s"] > 0
         assert row["efficiency"] > 0
     assert doc["rows"][1]["world_size"] == 2 and doc["rows"][1]["global_batch"] == 64
-    assert "torch.distributed.run" in doc["rows"][2]["command"]
+    assert "torch.distributed.run" in doc["rows"][1]["command"]
     assert doc["provenance"]["device"] == "CPU" and doc["provenance"]["torch"]
-    assert "efficiency" in result.output and "DDP, mp.spawn" in result.output
+    assert "efficiency" in result.output and "DDP, torchrun" in result.output
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
 
 
