@@ -105,6 +105,10 @@ def _run(args) -> int:
     lesson = lessons.get(args.lesson)
     impl = lessons.resolve_impl(args.impl)
     command = lesson_command(lesson, impl, args.nproc, args.backend, args.extra, args.max_restarts)
+    if args.backend == "nccl":  # one line here, not the lesson's error inside torchrun's report
+        from course import ranks
+
+        ranks.backend_and_world_size("nccl", args.nproc)
     print("$", " ".join(command), flush=True)
     # The student's own thread settings: each lesson shares the CPU itself.
     return subprocess.call(command, env=procs.child_env(one_thread=False))

@@ -34,6 +34,44 @@ def test_bad_arguments_give_one_line_and_exit_2(args, says, capsys):
     assert says in err and "\n" not in err
 
 
+@pytest.mark.parametrize("number", [n.number for n in lessons.LESSONS if n.distributed])
+def test_run_with_nccl_and_no_gpu_is_one_line_before_any_launch(number, capsys, monkeypatch):
+    """`course run NN --backend nccl` on a machine without GPUs: one line, exit 2, and no
+    launch (torchrun would wrap the lesson's own error in its report)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(cli.subprocess, "call", lambda *a, **k: pytest.fail("it launched"))
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(cli.main(["run", number, "--backend", "nccl"]))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "nccl needs CUDA GPUs" in err and "\n" not in err, err
+
+
+def test_lesson_scripts_with_nccl_and_no_gpu_say_so_in_one_line(tmp_path):
+    """The scripts themselves (not only `course run`): one line naming what is missing."""
+    hidden = {"CUDA_VISIBLE_DEVICES": ""}
+    jobs = {
+        n: dict(
+            args=[
+                sys.executable,
+                str(lessons.get(n).path(REPO_ROOT / "solutions")),
+                "--backend",
+                "nccl",
+            ],
+            timeout=60,
+            cwd=tmp_path,
+            env=hidden,
+        )  # fmt: skip
+        for n in ("06", "08")
+    }
+    for number, result in procs.run_all(jobs).items():
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.returncode == 2 and len(lines) == 1, f"{number}: {result.describe()}"
+        assert "nccl needs CUDA GPUs" in lines[0], f"{number}: {lines[0]}"
+
+
 def test_list_shows_every_lesson(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
