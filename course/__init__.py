@@ -1,25 +1,46 @@
 """Support package for the multi-GPU training course.
 
-It holds what every lesson shares and the grader, so that a lesson file can
-stay about its one idea. One module per concern; no module imports a lesson.
-Where to add a helper:
+It holds what every lesson shares, the grader, the probes and the tools, so
+that a lesson file can stay about its one idea. The folders are the concerns;
+where a new helper goes:
 
-  used by the lessons      options     the command line every lesson shares
-                           data        data sets, loaders, the resumable sampler
-                           models      the models (--model, --norm)
-                           metrics     printed epoch lines and the metrics JSON
-                           checkpoint  atomic save/load, random-generator state
-                           ranks       process-group helpers: ports, timeouts,
-                                       CPU shares, means over ranks, launch checks
-                           train_utils seeding, device choice, one-line errors
-  the grader               grading     the pytest plugin: points, table, JSON
-                           calls       calling a lesson's functions in a child
-                           judge       evaluating saved weights
-  probes (inside every     probes      installs the ones the environment arms:
-  launched process)                    write_log, batches, ddp_log, replicas, rank_logs,
-                                       chaos, step_clock
-  tools                    cli, hints, record, bench, bandwidth, sizes, release,
-                           lessons (the registry), procs (processes, deadlines)
+  course/            what the lessons import, and the two modules every other folder
+                     stands on. Imports nothing from grader/, probes/ or tools/.
+    options          the command line every lesson shares
+    data             data sets, loaders, the resumable sampler
+    models           the models (--model, --norm)
+    metrics          printed epoch lines and the metrics JSON
+    checkpoint       checkpoints and the random-generator state a resumed run needs
+    atomic           the one atomic file writer (checkpoints, metrics, results, records)
+    ranks            process groups: ports, timeouts, CPU shares, means over ranks
+    runtime          seeding, device choice, one-line errors
+    lessons          the registry: each lesson's number, folder, script, launcher
+    procs            processes with deadlines: launch, kill the group, collect rank logs
+
+  course/grader/     everything that grades a submission (python -m course grade)
+    plugin           the pytest plugin: points, markers, fail-fast, table, JSON
+    rules            the grading rules read from the tests (points, markers, titles),
+                     for the plugin, the site's grading tables and the mutation tests
+    calls            calling a lesson's functions in a child process (case scripts)
+    submission       loading a submission's lesson file, each failure in one line
+    judge            numbers the grader computes itself: accuracy of saved weights,
+                     the reference weights a run must end with
+    warm             a warm grading server: one fork per grading
+
+  course/probes/     inside every launched process, armed by COURSE_* variables;
+                     they import nothing heavy at start-up (_site/sitecustomize.py
+                     installs them: course.procs puts _site on PYTHONPATH)
+    write_log, batch_log, weight_log, ddp_log, connect_log: what a rank did
+    rank_output      each rank's stdout and stderr in a file of its own
+    chaos            faults on purpose: kill a rank at a step, or mid-write
+    step_clock       when each optimizer step ended (for the benchmarks)
+
+  course/tools/      the command-line tools: cli (python -m course), bench,
+                     bandwidth, record, durations, sizes, release, hints
+
+The rules are tested (tests/test_course_layout.py): lessons import only the
+top level; the top level imports nothing below it; probes import nothing heavy
+when they load; no import cycles.
 """
 
 from pathlib import Path

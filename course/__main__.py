@@ -1,3 +1,3 @@
-from course.cli import main
+from course.tools.cli import main
 
 raise SystemExit(main())

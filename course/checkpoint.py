@@ -1,9 +1,9 @@
 """Checkpoints that survive a crash, and the random state a resumed run needs.
 
 `save` never leaves a half-written file where a checkpoint should be: it
-writes a temporary file in the same folder, flushes it to disk (fsync) and
-renames it over the old one with os.replace, which is atomic on POSIX and
-Windows. A crash at any moment leaves either the old checkpoint or the new one.
+writes through course.atomic, the course's one atomic writer (a temporary file
+in the same folder, fsync, os.replace over the old one, fsync of the folder).
+A crash at any moment leaves either the old checkpoint or the new one.
 
 `rng_state` / `set_rng_state` capture every random generator a training loop
 may draw from (torch CPU, each CUDA device, NumPy, Python's `random`), so a
@@ -12,45 +12,18 @@ resumed run draws the same numbers an uninterrupted one would have.
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from course import atomic
+
 
 def save(obj, path: str | Path) -> Path:
-    """torch.save `obj` to `path` atomically; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Same folder: os.replace is only atomic within one file system.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)  # and so is the rename itself
-    return path
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # e.g. Windows, where folders cannot be opened
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    """torch.save `obj` to `path` atomically (course.atomic.write); returns the path."""
+    return atomic.write(path, lambda f: torch.save(obj, f))
 
 
 def load(path: str | Path, map_location="cpu"):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from course.files import write_json_atomic
+from course import atomic
 
 
 @torch.no_grad()
@@ -74,5 +74,5 @@ class RunLog:
             f"({self.seconds:.1f} s training)"
         )
         if self.args.metrics_out:
-            write_json_atomic(self.metrics, self.args.metrics_out)
+            atomic.write_json(self.metrics, self.args.metrics_out)
         return self.metrics

@@ -6,6 +6,10 @@ in a collective that another rank never reaches. So every launch here has a
 deadline, and on timeout the whole process group (the launcher, its ranks and
 their DataLoader workers) is killed, and the last lines of each rank's log are
 kept for the error message.
+
+Over 300 lines, on purpose: launching, the deadline, the group kill, the rank logs
+and the failure report are one contract (RunResult); apart, each part would reach
+into the others' state.
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ from pathlib import Path
 
 from course import REPO_ROOT
 
-SITE_DIR = Path(__file__).with_name("_site")
+SITE_DIR = Path(__file__).parent / "probes" / "_site"
 
 # Each rank writes its output to <dir>/rank<N>.log when this is set (see
-# course/rank_logs.py), so a hang can be blamed on a rank.
+# course/probes/rank_output.py), so a hang can be blamed on a rank.
 RANK_LOG_ENV = "COURSE_RANK_LOG_DIR"
 
 # One thread per rank: several ranks on two cores otherwise fight over them.
@@ -277,14 +281,14 @@ def child_env(
     env.pop("PYTEST_ADDOPTS", None)
     # The lesson scripts import `course`; make that work for a student folder
     # anywhere on disk and on machines where the package is not pip-installed.
-    # SITE_DIR's sitecustomize installs the grader's probes (course/probes.py),
+    # SITE_DIR's sitecustomize installs the grader's probes (course/probes/__init__.py),
     # armed only by their COURSE_* variables.
     # course_root: another copy of the course (a class deployment without solutions/)
     # whose grader the child runs: its `course` must come first, and this one's not at all,
     # or the sitecustomize on this one's path would import this course before the other.
     root = Path(course_root) if course_root is not None else REPO_ROOT
     ours = {str(REPO_ROOT), str(SITE_DIR)}
-    paths = [str(root), str(root / "course" / "_site")]
+    paths = [str(root), str(root / "course" / "probes" / "_site")]
     paths += (p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in ours)
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env
@@ -292,7 +296,7 @@ def child_env(
 
 class Cancel:
     """A reason to end every launch at once: the grader sets one per lesson and cancels it
-    when the submission is known broken (it hangs or fails at import, course/grading.py),
+    when the submission is known broken (it hangs or fails at import, course/grader/plugin.py),
     so that the lesson's other tests fail in a second instead of each waiting out its
     deadline."""
 

@@ -32,10 +32,13 @@ _cache: dict[str, BuiltSite] = {}
 _reported: set[str] = set()
 
 
-def build_site() -> BuiltSite:
-    if "site" in _cache:
-        return _cache["site"]
-    out = Path(tempfile.mkdtemp(prefix="course-site-"))
+def build_site(solutions: bool = True) -> BuiltSite:
+    """The site as published (`solutions`), or the instructor build without the reference
+    solutions (COURSE_SITE_SOLUTIONS=0), built once per process each."""
+    key = "site" if solutions else "instructor"
+    if key in _cache:
+        return _cache[key]
+    out = Path(tempfile.mkdtemp(prefix=f"course-{key}-"))
     atexit.register(shutil.rmtree, out, ignore_errors=True)
     start = time.perf_counter()
     proc = subprocess.run(
@@ -44,14 +47,18 @@ def build_site() -> BuiltSite:
         capture_output=True,
         text=True,
         timeout=BUILD_TIMEOUT_S,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        env={
+            **os.environ,
+            "NO_MKDOCS_2_WARNING": "1",
+            "COURSE_SITE_SOLUTIONS": str(int(solutions)),
+        },
     )
     seconds = time.perf_counter() - start
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
         raise AssertionError(f"mkdocs build --strict failed (exit {proc.returncode}):\n{log}")
-    _cache["site"] = BuiltSite(out, seconds, log)
-    return _cache["site"]
+    _cache[key] = BuiltSite(out, seconds, log)
+    return _cache[key]
 
 
 def load_hook():

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from course import REPO_ROOT, loader, procs
+from course import REPO_ROOT, procs
+from course.grader import submission
 
 
 @functools.cache
@@ -64,8 +65,8 @@ def run_script(tmp_path):
 
     def run(script, *args, timeout=60, check=True, env=None):
         try:
-            loader.check_script(script)  # a missing or unparsable file: one line, no launch
-        except loader.LessonError as err:
+            submission.check_script(script)  # a missing or unparsable file: one line, no launch
+        except submission.LessonError as err:
             pytest.fail(str(err), pytrace=False)
         result = procs.run(
             [sys.executable, str(script), *map(str, args)],

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from course import lessons
-from course.grading import call_lesson
+from course.grader.plugin import call_lesson
 
 LESSON = lessons.get("00")
 CASES = Path(__file__).with_name("cases") / "lesson_00.py"
@@ -31,6 +31,7 @@ def env(impl, tmp_path_factory):
 @pytest.mark.points(2)
 @pytest.mark.parametrize("count", [1, 4])
 def test_device_count_with_cuda(env, count):
+    """cuda_device_count() returns the number of usable GPUs (1 and 2, simulated)."""
     got = env(f"device_count_{count}")
     assert got == count, (
         f"with {count} usable GPU(s), cuda_device_count() should return {count}, "
@@ -41,6 +42,8 @@ def test_device_count_with_cuda(env, count):
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_device_count_is_zero_when_cuda_is_unusable(env):
+    """cuda_device_count() is 0 when torch.cuda.is_available() is False, whatever device_count()
+    says."""
     got = env("device_count_0")
     assert got == 0, (
         f"when torch.cuda.is_available() is False, cuda_device_count() should return 0, "
@@ -57,6 +60,7 @@ def test_device_count_is_zero_when_cuda_is_unusable(env):
     ids=["2-gpus", "1-gpu", "no-gpu", "no-nccl-in-build"],
 )
 def test_pick_backend(env, case, expected):
+    """pick_backend() gives nccl only with a usable GPU and a build with NCCL, else gloo."""
     got = env(f"pick_backend_{case}")
     gpus, nccl = case.split("_", 1)
     situation = f"{gpus} usable GPU(s), NCCL {'absent from' if 'no' in nccl else 'in'} the build"
@@ -69,6 +73,7 @@ def test_pick_backend(env, case, expected):
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_device_for_without_gpus_is_cpu(env):
+    """device_for(rank) is the CPU for every rank on a machine without GPUs."""
     got = env("device_for_no_gpu")
     assert got == ["cpu", "cpu"], (
         f"without GPUs, device_for(0) and device_for(3) should both be cpu (CPU ranks share "
@@ -79,6 +84,7 @@ def test_device_for_without_gpus_is_cpu(env):
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_device_for_with_gpus_is_one_gpu_per_rank(env):
+    """device_for(rank) gives each rank its own GPU: cuda:0 and cuda:1 with 2 GPUs."""
     got = env("device_for_two_gpus")
     assert got == ["cuda:0", "cuda:1"], (
         f"with 2 GPUs, device_for(0) and device_for(1) should be cuda:0 and cuda:1 (one GPU "
@@ -89,6 +95,7 @@ def test_device_for_with_gpus_is_one_gpu_per_rank(env):
 @pytest.mark.points(1)
 @pytest.mark.parametrize("rank", [-1, 2])
 def test_device_for_rejects_a_rank_without_a_gpu(env, rank):
+    """device_for(rank) raises ValueError for a rank past the last GPU."""
     got = env(f"device_for_rank_{rank}")
     assert got["raised"] == "ValueError", (
         f"with 2 GPUs, device_for({rank}) should raise ValueError (there is no such GPU), "
@@ -99,6 +106,7 @@ def test_device_for_rejects_a_rank_without_a_gpu(env, rank):
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_library_report_matches_this_build(env):
+    """The cuDNN, NCCL and gloo report says what this PyTorch build really has."""
     report = env("library_report")
     cudnn = torch.backends.cudnn.is_available()
     nccl = dist.is_available() and dist.is_nccl_available()
@@ -120,6 +128,7 @@ def test_library_report_matches_this_build(env):
 
 @pytest.mark.points(1)
 def test_json_report(env):
+    """`env_check.py --json` prints one JSON object with this machine's GPU count and a backend."""
     out = env("main_json")
     try:
         report = json.loads(out)

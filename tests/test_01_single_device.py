@@ -17,13 +17,15 @@ import pytest
 import torch
 from torch import nn
 
-from course import checkpoint, data, judge, lessons, models, procs
-from course.grading import call_lesson
+from course import checkpoint, data, lessons, models, procs
+from course.grader import judge
+from course.grader.plugin import call_lesson
 
 LESSON = lessons.get("01")
 CASES = Path(__file__).with_name("cases") / "lesson_01.py"
 CHECKPOINT_KEYS = {"model", "optimizer", "epoch", "step", "rng"}
-# The reference_recipe case (tests/cases/lesson_01.py) against course.judge.reference_weights:
+# The reference_recipe case (tests/cases/lesson_01.py) against the grader's own training
+# (course.grader.judge.reference_weights):
 # over seeds 0-11 at --lr 0.1 (PyTorch 2.14.1, 2 cores; the lesson on 2 threads with
 # --channels-last kernels, the grader on one thread in the default layout) the largest
 # difference was 1.5e-8 to 5.6e-5. A flag ignored is 1.2e-2 (one step more or fewer) to 0.64
@@ -65,7 +67,7 @@ def digits_run(impl, tmp_path_factory):
 
 
 def judged_accuracy(folder, name="ckpt.pt", norm="batch"):
-    """Test accuracy of the run's checkpoint, evaluated by the grader (course/judge.py):
+    """Test accuracy of the run's checkpoint, evaluated by the grader (course/grader/judge.py):
     what a run reports about itself is never taken on trust."""
     try:
         return judge.digits_accuracy(folder / name, norm=norm)
@@ -106,6 +108,8 @@ def metrics_of(run):
 @pytest.mark.core
 @pytest.mark.points(3)
 def test_default_run_learns_digits_on_cpu(digits_run):
+    """The default run (3 epochs on the CPU) saves weights that classify at least 90 % of the
+    test digits, as the grader evaluates them."""
     metrics = metrics_of(digits_run)
     accuracy = judged_accuracy(digits_run[1])
     losses = [e["train_loss"] for e in metrics["epochs"]]
@@ -121,6 +125,8 @@ def test_default_run_learns_digits_on_cpu(digits_run):
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_metrics_json_shape(digits_run):
+    """metrics.json has the run's keys and epochs, and reports the accuracy the grader measures
+    on the saved weights."""
     metrics = metrics_of(digits_run)
     assert {"device", "epochs", "final_accuracy", "steps", "images_per_second"} <= set(metrics)
     accuracy = judged_accuracy(digits_run[1])
@@ -139,6 +145,8 @@ def test_metrics_json_shape(digits_run):
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_learns_an_image_folder(folder_run):
+    """A run on an ImageFolder tree of generated images learns it: 90 % of its val/ images,
+    judged by the grader."""
     metrics = metrics_of(folder_run)
     losses = [e["train_loss"] for e in metrics["epochs"]]
     assert losses[-1] < losses[0], f"the training loss did not decrease: {losses}"
@@ -171,6 +179,8 @@ def load_checkpoint(path, what):
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_checkpoint_is_complete_and_written_atomically(resume_runs):
+    """The checkpoint holds model, optimizer, epoch, step and RNG state, loads into a fresh
+    model, and leaves no temporary file."""
     straight, _, _ = resume_runs
     state = load_checkpoint(straight / "last.pt", "after `--epochs 2 --checkpoint last.pt`")
     files = sorted(p.name for p in straight.iterdir())
@@ -216,7 +226,7 @@ def test_resume_is_bit_exact(resume_runs):
 def test_training_matches_the_graders_own_run(train, cases_folder):
     """--epochs 2 --max-steps 12 (one epoch of batch 128) at --norm none --seed 3 --lr 0.1
     --channels-last, no flag at its default, keeps its conv weights channels-last and ends
-    where the grader's own training of that recipe ends (course.judge.reference_weights)."""
+    where the grader's own training of that recipe ends (course.grader.judge.reference_weights)."""
     train("reference_recipe")
     state = load_checkpoint(cases_folder / "ref" / "last.pt", "--epochs 2 --max-steps 12")
     assert state["step"] == 12, (
@@ -248,6 +258,7 @@ def test_training_matches_the_graders_own_run(train, cases_folder):
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_train_one_epoch_takes_optimizer_steps(train):
+    """train_one_epoch returns (loss, images, steps) and lowers the loss on an easy problem."""
     got = train("train_one_epoch")
     losses = got["losses"]
     assert got["counts"][0] == [64, 4], (
@@ -268,6 +279,8 @@ def test_train_one_epoch_takes_optimizer_steps(train):
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_evaluate_counts_accuracy_and_loss(train):
+    """evaluate returns the mean loss over examples and the accuracy, on a case with a known
+    answer."""
     got = train("evaluate")
     x = torch.tensor([[-1.0], [-1.0], [1.0], [1.0]])
     y = torch.tensor([0, 1, 1, 1])
@@ -293,6 +306,8 @@ def test_evaluate_counts_accuracy_and_loss(train):
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_checkpoint_state_round_trip(train):
+    """checkpoint_state and restore bring back the weights, the momentum, the epoch, the step
+    and the random generators."""
     got = train("checkpoint_round_trip")
     tensors = train.tensors("checkpoint_round_trip")
     assert got["returned"] == [3, 42], (
@@ -316,6 +331,8 @@ def test_checkpoint_state_round_trip(train):
     "case", ["epochs-0", "batch-size-text", "negative-lr", "resume-without-checkpoint", "model"]
 )
 def test_bad_flags_give_one_line(train, case):
+    """Bad flags (0 epochs, a word for the batch size, a negative lr, --resume alone, an unknown
+    model) stop with argparse's one line."""
     got = train(f"bad_flags_{case}")
     assert got is not None, f"parse_args accepted the bad flag(s) of case {case}"
     err = got["stderr"].strip()
@@ -327,6 +344,7 @@ def test_bad_flags_give_one_line(train, case):
 
 @pytest.mark.points(1)
 def test_missing_data_folder_gives_one_line(impl, run_script, tmp_path):
+    """`--data` naming a folder that does not exist prints one line, not a traceback."""
     result = run_script(LESSON.path(impl), "--data", tmp_path / "missing", check=False)
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.returncode not in (0, None), result.describe()
@@ -336,6 +354,7 @@ def test_missing_data_folder_gives_one_line(impl, run_script, tmp_path):
 
 @pytest.mark.points(1)
 def test_cuda_requested_without_cuda_is_a_clear_error(train):
+    """`--device cuda` on a machine without CUDA raises a ValueError saying so."""
     got = train("cuda_without_cuda")
     assert got["raised"] == "ValueError" and "CUDA is not available" in got["message"], (
         f"`--device cuda` without CUDA should raise ValueError('... CUDA is not available ...'); "

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import checkpoint, judge, lessons, models, procs
-from course.grading import call_lesson
+from course import checkpoint, lessons, models, procs
+from course.grader import judge
+from course.grader.plugin import call_lesson
 
 LESSON = lessons.get("02")
 CASES = Path(__file__).with_name("cases") / "lesson_02.py"
@@ -44,6 +45,8 @@ def cpu_run(impl, tmp_path_factory):
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_wraps_only_with_two_or_more_gpus(dp):
+    """wrap_model wraps in nn.DataParallel only with 2 or more GPUs, and returns the model
+    itself otherwise."""
     got = dp("wrap_model")
     assert got["two"]["type"] == "DataParallel" and got["two"]["holds_model"], (
         f"wrap_model(model, [0, 1]) should return nn.DataParallel around the model itself, "
@@ -59,6 +62,7 @@ def test_wraps_only_with_two_or_more_gpus(dp):
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_unwrap(dp):
+    """unwrap gives the model inside a DataParallel wrapper, and a plain model unchanged."""
     got = dp("unwrap")
     assert got["wrapped"]["is_model"], (
         f"unwrap(nn.DataParallel(model)) should return the model inside (`.module`), "
@@ -73,6 +77,8 @@ def test_unwrap(dp):
 @pytest.mark.core
 @pytest.mark.points(3)
 def test_checkpoint_of_a_wrapped_model_loads_into_a_plain_one(dp):
+    """A checkpoint saved from a wrapped model has no `module.` prefix and loads into the plain
+    model."""
     tensors = dp.tensors("checkpoint_of_wrapped")
     saved = {k.removeprefix("saved/"): v for k, v in tensors.items() if k.startswith("saved/")}
     want = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
@@ -92,6 +98,8 @@ def test_checkpoint_of_a_wrapped_model_loads_into_a_plain_one(dp):
 @pytest.mark.core
 @pytest.mark.points(3)
 def test_script_trains_on_cpu_and_says_it_is_not_data_parallel(cpu_run):
+    """Without GPUs the script says DataParallel needs 2, trains on the CPU and learns (judged
+    from its weights)."""
     result, folder = cpu_run
     assert "DataParallel needs at least 2 GPUs" in result.output
     metrics = json.loads((folder / "metrics.json").read_text())
@@ -108,6 +116,7 @@ def test_script_trains_on_cpu_and_says_it_is_not_data_parallel(cpu_run):
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_script_checkpoint_has_plain_keys(cpu_run):
+    """The script's checkpoint has plain keys, loads into lesson 01's model and says epoch 3."""
     _, folder = cpu_run
     assert sorted(p.name for p in (folder / "ckpt").iterdir()) == ["last.pt"]
     state = checkpoint.load(folder / "ckpt" / "last.pt")
@@ -131,7 +140,7 @@ def test_trains_with_bf16_autocast_and_channels_last(impl, run_script, tmp_path)
 
 
 def judged_and_reported(path, metrics_path, at_least: float) -> None:
-    """The grader's own evaluation of the saved weights (course/judge.py) reaches
+    """The grader's own evaluation of the saved weights (course/grader/judge.py) reaches
     `at_least`, and the metrics file reports that same run, not another split or run:
     within one test image, since the run evaluated with other kernels (channels-last, a
     GPU) than the grader's plain CPU ones, and a borderline image can fall either way."""
@@ -151,6 +160,7 @@ def judged_and_reported(path, metrics_path, at_least: float) -> None:
 
 @pytest.mark.points(1)
 def test_gpus_flag_on_cpu_is_a_clear_error(dp):
+    """`--gpus 2` with `--device cpu` raises a ValueError saying it needs CUDA."""
     got = dp("gpus_flag_on_cpu")
     assert got["raised"] == "ValueError" and "needs CUDA" in got["message"], (
         f"`--device cpu --gpus 2` should raise ValueError('... needs CUDA ...'), got {got}"
@@ -180,6 +190,8 @@ def test_data_parallel_matches_one_device(dp):
 @pytest.mark.gpus(2)
 @pytest.mark.points(2)
 def test_trains_on_two_gpus(impl, run_script, tmp_path):
+    """On 2 GPUs the script trains with DataParallel (global batch 64) and learns, judged from
+    its weights."""
     path = LESSON.path(impl)
     # 32 per GPU: the global batch of 64 that lesson 01 reaches 95+ % with.
     args = ["--device", "cuda", "--gpus", "2", "--batch-size", "32", "--epochs", "4", "--quiet"]

@@ -4,7 +4,7 @@ Two launches per backend, started at the same time and shared by every test
 (cached per backend). `ddp`: the lesson with 2 ranks and a per-rank batch of 64 of
 the model without BatchNorm (--norm none), at --seed 3 --lr 0.1 (neither is the
 default, so a script that ignores either ends elsewhere). This process trains the
-reference itself (course.judge.reference_weights): one process, the course's model and
+reference itself (course.grader.judge.reference_weights): one process, the course's model and
 optimizer, one batch of 128 a step made of both ranks' DistributedSampler shards; without
 BatchNorm that is the same computation up to floating-point summation order. `learn`
 trains the default model (with BatchNorm) on 2 ranks x 32 for 2 epochs and must learn
@@ -33,11 +33,13 @@ from pathlib import Path
 
 import pytest
 
-from course import batches, checkpoint, judge, lessons, models, procs, replicas, write_log
-from course.batches import LOG_ENV as BATCH_ENV
-from course.grading import call_lesson, needed
-from course.replicas import LOG_ENV as REPLICA_ENV
-from course.write_log import WRITE_LOG_ENV
+from course import checkpoint, lessons, models, procs
+from course.grader import judge
+from course.grader.plugin import call_lesson, needed
+from course.probes import batch_log, weight_log, write_log
+from course.probes.batch_log import LOG_ENV as BATCH_ENV
+from course.probes.weight_log import LOG_ENV as REPLICA_ENV
+from course.probes.write_log import WRITE_LOG_ENV
 
 LESSON = lessons.get("03")
 CASES = Path(__file__).with_name("cases") / "lesson_03.py"
@@ -112,7 +114,7 @@ def final_state(folder):
 @pytest.mark.needs("ddp", "learn")
 def test_two_ranks_equal_one_process_with_the_global_batch(runs, backend):
     """2 ranks x batch 64 end with the parameters the grader trains in one process on the
-    global batch of 128 (course.judge.reference_weights), at --seed 3 --lr 0.1."""
+    global batch of 128 (course.grader.judge.reference_weights), at --seed 3 --lr 0.1."""
     learned(runs)
     _, ddp_folder = finished(runs, "ddp")
     ddp = final_state(ddp_folder)
@@ -132,7 +134,7 @@ def test_two_ranks_equal_one_process_with_the_global_batch(runs, backend):
 
 
 def learned(runs):
-    """Test accuracy of `learn`'s checkpoint, evaluated by the grader (course/judge.py).
+    """Test accuracy of `learn`'s checkpoint, evaluated by the grader (course/grader/judge.py).
 
     Every core test also asks for it: the other runs' files (shards, equal
     checkpoints, logs) could be written without training anything, the saved
@@ -170,9 +172,9 @@ def test_two_ranks_learn_the_digits(runs, backend):
 @pytest.mark.points(1)
 @pytest.mark.needs("ddp")
 def test_replicas_stay_identical_after_every_step(runs, backend):
-    """Both ranks hold the same weights after every optimizer step (course/replicas.py)."""
+    """Both ranks hold the same weights after every optimizer step (course/probes/weight_log.py)."""
     _, folder = finished(runs)
-    differs = replicas.first_difference(folder / "replicas")
+    differs = weight_log.first_difference(folder / "replicas")
     assert differs is None, (
         f"{differs}. DDP averages the gradients, so every rank takes the same step from the "
         "same weights; likely cause: the model is not wrapped in DistributedDataParallel"
@@ -186,9 +188,9 @@ def test_ranks_train_on_disjoint_shards_that_change_every_epoch(runs, backend):
     """Each epoch the ranks get disjoint halves of the data, and set_epoch reshuffles them."""
     learned(runs)
     _, folder = finished(runs)
-    # Seen from inside the ranks (course/batches.py): the indices of every batch each
+    # Seen from inside the ranks (course/probes/batch_log.py): the indices of every batch each
     # rank's DataLoader loaded, one list per pass over the training set.
-    passes = [batches.passes(folder / "batches", rank, TRAIN_IMAGES) for rank in (0, 1)]
+    passes = [batch_log.passes(folder / "batches", rank, TRAIN_IMAGES) for rank in (0, 1)]
     assert all(len(p) == EPOCHS for p in passes), (
         f"expected each rank to go through the training set {EPOCHS} times (once an epoch), "
         f"saw {[len(p) for p in passes]} passes"
@@ -213,7 +215,7 @@ def test_only_rank_0_writes_files_and_talks(runs, backend):
     learned(runs)
     result, folder = finished(runs)
     assert sorted(p.name for p in (folder / "out").iterdir()) == ["ckpt.pt", "metrics.json"]
-    # Seen from inside the ranks (course/write_log.py), whatever code wrote the files.
+    # Seen from inside the ranks (course/probes/write_log.py), whatever code wrote the files.
     log, out = folder / "writes.log", folder / "out"
     others = {n: r for n, r in write_log.writers(log, out).items() if r != {"0"}}
     assert not others, (
@@ -316,20 +318,20 @@ def test_two_gpus_train_at_least_1_5x_faster_than_one(impl):
     --nproc_per_node=N`) in a fresh shell's environment: without the
     grader's OMP_NUM_THREADS=1, which would hide a lesson that lets every rank
     start one thread per core. Throughput is the median of timed windows
-    after warm-up (course/step_clock.py), and each ratio compares two runs of
+    after warm-up (course/probes/step_clock.py), and each ratio compares two runs of
     this test, never a fixed time. A lesson whose ranks each start one
     OpenMP thread per core ran several times slower on two GPUs than on one.
     """
-    from course import bench
+    from course.tools.bench import catalogue, launch
 
-    settings = bench.Settings("cuda", 2, "resnet50", 224, 64, "off", False)
+    settings = catalogue.Settings("cuda", 2, "resnet50", 224, 64, "off", False)
     timing = dict(window=5, warmup=2, windows=3)
     seen = {}
     for lesson, label in (("03", "DDP, mp.spawn"), ("04", "DDP, torchrun")):
         for n in (1, 2):
             extra = ["--nproc", str(n)] if lesson == "03" else []
-            row = bench.Row(lesson, lesson, label, n, [*extra, "--backend", "nccl"], **timing)
-            record = bench.measure(row, impl, settings, timeout=240, fresh_threads=True)
+            row = catalogue.Row(lesson, lesson, label, n, [*extra, "--backend", "nccl"], **timing)
+            record = launch.measure(row, impl, settings, timeout=240, fresh_threads=True)
             if not record["ok"]:
                 pytest.fail(f"lesson {lesson} on {n} GPU(s):\n{record['error']}", pytrace=False)
             seen[lesson, n] = record["samples_per_s"]

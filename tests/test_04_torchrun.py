@@ -2,15 +2,15 @@
 
 Every launch is `torchrun --standalone --nproc_per_node=2` (as `python -m
 course run 04` builds it) training 2 epochs of 23 steps (per-rank batch 32),
-with a snapshot every 4 steps. Faults are injected through course.chaos's
-environment variables, from inside the processes (course/probes.py), whatever
+with a snapshot every 4 steps. Faults are injected through course.probes.chaos's
+environment variables, from inside the processes (course/probes/__init__.py), whatever
 code the lesson uses. Three launches start at once and are shared by the
 tests (cached per backend):
 
   ref    no fault, launched as two nodes (two torchrun agents with one
          process each, c10d rendezvous on loopback): the result every
          other run must reproduce, bit for bit; each rank's weights are
-         fingerprinted after every step (course/replicas.py)
+         fingerprinted after every step (course/probes/weight_log.py)
   kill   snapshots every 3 steps; rank 1 SIGKILLs itself after step 5 (the
          group resumes from step 3, mid-epoch), and again 4 steps into the
          second attempt, at step 7: the step-6 snapshot, taken inside the
@@ -39,13 +39,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import checkpoint, judge, lessons, procs, replicas, write_log
-from course.chaos import KILL_AT_STEP, KILL_IN_SAVE, KILL_RANK
-from course.cli import lesson_command
-from course.grading import call_lesson, needed
+from course import checkpoint, lessons, procs
+from course.grader import judge
+from course.grader.plugin import call_lesson, needed
+from course.probes import weight_log, write_log
+from course.probes.chaos import KILL_AT_STEP, KILL_IN_SAVE, KILL_RANK
+from course.probes.weight_log import LOG_ENV as REPLICA_ENV
+from course.probes.write_log import WRITE_LOG_ENV
 from course.ranks import free_port
-from course.replicas import LOG_ENV as REPLICA_ENV
-from course.write_log import WRITE_LOG_ENV
+from course.tools.cli import lesson_command
 
 LESSON = lessons.get("04")
 CASES = Path(__file__).with_name("cases") / "lesson_04.py"
@@ -307,7 +309,7 @@ def test_two_nodes_keep_identical_replicas(runs, backend):
     """Launched as 2 nodes x 1 process, every rank holds the same weights after every
     optimizer step: DDP syncs across the two launchers."""
     _, folder = finished(runs, "ref")
-    differs = replicas.first_difference(folder / "replicas")
+    differs = weight_log.first_difference(folder / "replicas")
     assert differs is None, (
         f"{differs}. DDP keeps every replica identical; likely cause: the model is not "
         "wrapped in DistributedDataParallel"

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from course import lessons, procs
-from course.calls import CaseFailed
-from course.grading import call_lesson, needed
+from course.grader.calls import CaseFailed
+from course.grader.plugin import call_lesson, needed
 
 LESSON = lessons.get("05")
 CASES = Path(__file__).with_name("cases") / "lesson_05.py"
@@ -190,6 +190,7 @@ def test_the_tour_prints_every_collective(impl, tmp_path):
 
 @pytest.mark.points(1)
 def test_one_rank_is_refused_in_one_line(impl, tmp_path):
+    """`--nproc 1` is refused in one line: a collective needs at least 2 ranks."""
     args = ["--nproc", "1", "--backend", "gloo"]
     result = procs.python(LESSON.path(impl), *args, timeout=60, cwd=tmp_path)
     lines = [line for line in result.output.splitlines() if line.strip()]

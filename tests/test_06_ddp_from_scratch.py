@@ -31,10 +31,12 @@ from pathlib import Path
 
 import pytest
 
-from course import judge, lessons, procs, replicas
-from course.calls import CaseFailed
-from course.grading import call_lesson
-from course.replicas import LOG_ENV as REPLICA_ENV
+from course import lessons, procs
+from course.grader import judge
+from course.grader.calls import CaseFailed
+from course.grader.plugin import call_lesson
+from course.probes import weight_log
+from course.probes.weight_log import LOG_ENV as REPLICA_ENV
 
 LESSON = lessons.get("06")
 CASES = Path(__file__).with_name("cases") / "lesson_06.py"
@@ -231,12 +233,13 @@ def test_the_script_learns_the_digits_with_minddp(launched, backend):
         f"of the test digits (expected at least {LEARNED:.0%}). Likely cause: the training "
         "loop skips finish_gradient_synchronization() or steps before it"
     )
-    differs = replicas.first_difference(folder / "replicas")
+    differs = weight_log.first_difference(folder / "replicas")
     assert differs is None, f"{differs}: MiniDDP must keep the ranks' weights identical"
 
 
 @pytest.mark.points(1)
 def test_a_negative_bucket_cap_is_refused_in_one_line(impl, tmp_path):
+    """`--bucket-cap-mb -1` is refused in one line."""
     result = procs.python(LESSON.path(impl), "--bucket-cap-mb", "-1", timeout=60, cwd=tmp_path)
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and "bucket-cap-mb" in lines[0], (

@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import connect_log, lessons, procs
-from course.grading import needed, shared
+from course import lessons, procs
+from course.grader.plugin import needed, shared
+from course.probes import connect_log
 from course.ranks import free_port
 
 LESSON = lessons.get("07")
@@ -159,6 +160,7 @@ def test_two_launchers_make_one_job_of_two_ranks(runs, backend):
 @pytest.mark.points(2)
 @pytest.mark.needs("node0", "node1", "one")
 def test_two_nodes_train_exactly_like_one_node_with_two_processes(runs, backend):
+    """A job of 2 nodes x 1 process ends with the same bits as 1 node x 2 processes."""
     folders = finished(runs, "node0", "node1", "one")
     two, one = (torch.load(folders[n] / "final.pt", weights_only=True) for n in ("two", "one"))
     worst = max((two[k] - one[k]).abs().max().item() for k in one)
@@ -198,7 +200,7 @@ def test_a_wrong_endpoint_fails_fast_in_one_line(runs, backend):
     assert "Traceback" not in result.output and "127.0.0.1" in last, (
         f"expected one line that names the endpoint, got:\n{result.output[-1500:]}"
     )
-    # Measured from the launcher's first attempt (course/connect_log.py), not from its
+    # Measured from the launcher's first attempt (course/probes/connect_log.py), not from its
     # start: on a loaded machine the imports alone can take longer than the timeout.
     assert tries, (
         f"the launcher gave up without opening a TCP connection to {port} (none was seen "
@@ -279,6 +281,8 @@ def test_dry_run_prints_the_torchrun_command_of_every_option(impl, tmp_path):
     ],
 )
 def test_bad_arguments_are_one_line(impl, tmp_path, args, words):
+    """Wrong launcher arguments (a node rank past --nnodes, an endpoint without a numeric
+    port) stop with one line."""
     result = procs.python(LESSON.path(impl), *args, timeout=30, cwd=tmp_path)
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and words in lines[0], result.describe()

@@ -14,7 +14,7 @@ This process computes the reference for `acc` itself (`reference`): one process,
 the lesson's model, initial weights and SGD, a batch of 64 a step, made of the 32
 images each rank's DistributedSampler gives it for that step. A mistake common to
 every run of the submission (an extra factor in the loss, say) cannot cancel out.
-Inside the ranks, course/ddp_log.py counts DDP's all-reduces with a communication
+Inside the ranks, course/probes/ddp_log.py counts DDP's all-reduces with a communication
 hook: `rounds` is the number of backward passes that synchronised (their last bucket
 was sent), so a loop that uses no_sync shows one round per optimizer step, and one
 that doesn't shows one per micro-batch, whatever the bucket size.
@@ -38,10 +38,12 @@ import sys
 
 import pytest
 
-from course import checkpoint, ddp_log, judge, lessons, procs, replicas
-from course.ddp_log import LOG_ENV as DDP_ENV
-from course.grading import needed
-from course.replicas import LOG_ENV as REPLICA_ENV
+from course import checkpoint, lessons, procs
+from course.grader import judge
+from course.grader.plugin import needed
+from course.probes import ddp_log, weight_log
+from course.probes.ddp_log import LOG_ENV as DDP_ENV
+from course.probes.weight_log import LOG_ENV as REPLICA_ENV
 
 LESSON = lessons.get("08")
 STEPS, MICRO, K, WORLD = 20, 8, 4, 2  # `acc`: 20 steps of 4 x 8 images per rank
@@ -94,7 +96,7 @@ def runs(impl, backend, tmp_path_factory, request):
 
 def reference() -> dict:
     """The weights `acc` must end with, trained here, in one process, from the course's
-    own code (course.judge.reference_weights): STEPS steps of one batch of WORLD x K x MICRO
+    own code (course.grader.judge.reference_weights): STEPS steps of one batch of WORLD x K x MICRO
     images, at step s each rank's images s*K*MICRO to (s+1)*K*MICRO of its
     DistributedSampler(ACC_SEED) order."""
     return judge.reference_weights(ACC_SEED, ACC_LR, WORLD, K * MICRO, steps=STEPS)
@@ -118,15 +120,15 @@ def ddp_lines(folder, rank=0):
     lines = ddp_log.read(folder / "ddp", rank)
     if not lines:
         pytest.fail(
-            "no optimizer step was seen inside rank 0 (course/ddp_log.py). Likely cause: the "
-            "loop never calls the optimizer's step(), or the model is not wrapped in DDP",
+            "no optimizer step was seen inside rank 0 (course/probes/ddp_log.py). Likely cause: "
+            "the loop never calls the optimizer's step(), or the model is not wrapped in DDP",
             pytrace=False,
         )
     return lines
 
 
 def learned(runs):
-    """Test accuracy of `learn`'s checkpoint, evaluated by the grader (course/judge.py)."""
+    """Test accuracy of `learn`'s checkpoint, evaluated by the grader (course/grader/judge.py)."""
     folder = finished(runs, "learn")
     try:
         accuracy = judge.digits_accuracy(folder / "ckpt.pt")
@@ -196,7 +198,7 @@ def test_one_all_reduce_round_per_optimizer_step(runs, backend):
 def test_replicas_stay_identical_while_accumulating(runs, backend):
     """Both ranks hold the same weights after every optimizer step, accumulating or not."""
     for name in ("acc", "learn"):
-        differs = replicas.first_difference(finished(runs, name) / "replicas")
+        differs = weight_log.first_difference(finished(runs, name) / "replicas")
         assert differs is None, (
             f"`{name}`: {differs}. Likely cause: the step's last micro-batch ran inside "
             "no_sync(), so each rank stepped with its own gradient"

@@ -274,3 +274,86 @@ def test_the_articles_diagram_needs_its_label_quoted(offline, base_url):
     assert original != "ok" and "Parse error" in original, original
     assert fixed == "ok", fixed
     offline.assert_offline()
+
+
+# Every code block, folded ones and hidden tabs included, fits its column at 1280 px.
+OVERFLOWING_CODE = """() => {
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  const wide = [];
+  for (const pre of document.querySelectorAll('article pre')) {
+    if (!pre.offsetParent) continue;  // in a tab that is not shown
+    if (pre.closest('.mermaid')) continue;
+    const code = pre.querySelector('code') || pre;
+    if (code.scrollWidth > code.clientWidth + 1) {
+      wide.push(`${code.scrollWidth}px in ${code.clientWidth}px: ` +
+                code.textContent.split('\\n').find(l => l.length > 80) || '');
+    }
+  }
+  return wide;
+}"""
+
+
+@pytest.mark.parametrize("offline", ["light"], indirect=True)
+@pytest.mark.parametrize("lesson", LESSON_PAGES)
+def test_no_code_block_scrolls_sideways_at_1280_px(offline, base_url, lesson):
+    """With the starter tabs shown, then the solution tabs (content.tabs.link switches
+    them all), no code block on a lesson page is wider than the column."""
+    page = offline.page()
+    page.goto(base_url + f"lessons/{lesson}/")
+    wide = page.evaluate(OVERFLOWING_CODE)
+    solution = page.locator(".tabbed-set label", has_text="Solution")
+    if solution.count():
+        solution.first.click()
+        page.wait_for_timeout(100)
+        wide += page.evaluate(OVERFLOWING_CODE)
+    wide = list(dict.fromkeys(wide))  # a block outside the tabs is seen twice
+    assert not wide, f"{lesson}: {len(wide)} code blocks scroll sideways:\n" + "\n".join(
+        w[:160] for w in wide[:8]
+    )
+    offline.assert_offline()
+
+
+# The smallest text of each rendered diagram, in CSS px as drawn: the font size inside
+# the SVG times the SVG's scale (its drawn width over its viewBox width).
+DIAGRAM_TEXT_PX = """() => [...document.querySelectorAll('div.mermaid')].map(d => {
+  const svg = d.shadowRoot && d.shadowRoot.querySelector('svg');
+  if (!svg) return null;
+  const box = svg.viewBox && svg.viewBox.baseVal;
+  const scale = box && box.width ? svg.getBoundingClientRect().width / box.width : 1;
+  let smallest = Infinity, sample = '';
+  for (const el of svg.querySelectorAll('text, foreignObject div, foreignObject span')) {
+    if (!el.textContent.trim()) continue;
+    const size = parseFloat(getComputedStyle(el).fontSize) * scale;
+    if (size < smallest) { smallest = size; sample = el.textContent.trim().slice(0, 40); }
+  }
+  return {smallest, sample};
+})"""
+MIN_DIAGRAM_TEXT_PX = 12  # the body text is 16 px
+
+
+@pytest.mark.parametrize("offline", ["light"], indirect=True)
+@pytest.mark.parametrize("lesson", LESSON_PAGES)
+def test_diagram_text_is_readable_at_1280_px(offline, base_url, lesson):
+    """Every diagram's smallest text is drawn at 12 px or more (the body is 16 px)."""
+    page = offline.page()
+    page.goto(base_url + f"lessons/{lesson}/")
+    expected = page.locator("div.mermaid").count()
+    if not expected:
+        pytest.skip(f"{lesson} has no diagram")
+    height = page.evaluate("document.body.scrollHeight")
+    for _ in range(0, height + 900, 600):  # Material draws a diagram when it comes near
+        page.mouse.wheel(0, 600)
+        page.wait_for_timeout(30)
+    page.wait_for_function(
+        """n => [...document.querySelectorAll('div.mermaid')]
+                 .filter(d => d.shadowRoot && d.shadowRoot.querySelector('svg')).length >= n""",
+        arg=expected,
+    )
+    sizes = page.evaluate(DIAGRAM_TEXT_PX)
+    small = [
+        f"diagram {i}: {s['smallest']:.1f} px ({s['sample']!r})"
+        for i, s in enumerate(sizes, 1)
+        if s and s["smallest"] < MIN_DIAGRAM_TEXT_PX
+    ]
+    assert not small, f"{lesson}: text smaller than {MIN_DIAGRAM_TEXT_PX} px: {small}"
+    offline.assert_offline()

@@ -1,10 +1,11 @@
-"""course.bandwidth: python -m course bandwidth, the all_reduce bandwidth table and record."""
+"""course.tools.bandwidth: python -m course bandwidth, the all_reduce bandwidth table and record."""
 
 from __future__ import annotations
 
 import json
 
-from course import REPO_ROOT, bandwidth, procs
+from course import REPO_ROOT, procs
+from course.tools import bandwidth
 
 
 def test_two_gloo_ranks_write_a_record(tmp_path):

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from course import REPO_ROOT, bench, procs
+from course import REPO_ROOT, procs
+from course.tools.bench import catalogue, launch, provenance, render
 
 RECORDS = sorted(
     path
@@ -30,16 +31,16 @@ TOPO = (
 
 
 def test_interconnect_reads_nvidia_smi_topo():
-    assert bench.interconnect(TOPO) == "NV18"
-    assert bench.interconnect(TOPO.replace("NV18", "SYS")) == "SYS"
-    assert bench.interconnect("No devices were found") == ""
+    assert provenance.interconnect(TOPO) == "NV18"
+    assert provenance.interconnect(TOPO.replace("NV18", "SYS")) == "SYS"
+    assert provenance.interconnect("No devices were found") == ""
 
 
 def test_windows_drop_the_warm_up_and_count_images():
-    row = bench.Row("03", "03", "DDP", 2, window=10, warmup=2, windows=2)
+    row = catalogue.Row("03", "03", "DDP", 2, window=10, warmup=2, windows=2)
     points = [(10, 1.0), (20, 2.0), (30, 2.5), (40, 3.0)]  # the first window ends at step 10
     # global batch 64: 10 steps x 64 images in 0.5 s, twice; the warm-up window is dropped
-    assert bench.windows_of(points, row, 64) == [1280.0, 1280.0]
+    assert launch.windows_of(points, row, 64) == [1280.0, 1280.0]
 
 
 def test_ratios_are_against_one_device():
@@ -48,23 +49,23 @@ def test_ratios_are_against_one_device():
         {"key": "03", "ok": True, "samples_per_s": 180.0, "world_size": 2},
         {"key": "04", "ok": False, "world_size": 2},
     ]
-    bench.add_ratios(rows)
+    launch.add_ratios(rows)
     assert rows[1]["speedup"] == 1.8 and rows[1]["efficiency"] == 0.9
     assert "efficiency" not in rows[2]
 
 
 def test_the_mp_spawn_lessons_are_given_their_ranks():
     """Lesson 03 starts like 01 (python train.py), with --nproc and the backend added."""
-    settings = bench.Settings("cuda", 2, "resnet50", 224, 128, "off", False)
-    (row,) = bench.plan(settings, ["03"], window=10, warmup=2, windows=5)
+    settings = catalogue.Settings("cuda", 2, "resnet50", 224, 128, "off", False)
+    (row,) = catalogue.plan(settings, ["03"], window=10, warmup=2, windows=5)
     at = row.extra.index("--nproc")
     assert row.world == 2 and row.extra[at : at + 4] == ["--nproc", "2", "--backend", "nccl"]
 
 
 def test_lesson_06_rows_compare_step_times_with_torch_ddp():
     """Lesson 06's three launches, and each one's step time over DDP's in the same run."""
-    settings = bench.Settings("cuda", 2, "resnet50", 224, 128, "off", False)
-    rows = bench.plan(settings, ["06"], window=10, warmup=2, windows=5)
+    settings = catalogue.Settings("cuda", 2, "resnet50", 224, 128, "off", False)
+    rows = catalogue.plan(settings, ["06"], window=10, warmup=2, windows=5)
     assert [r.key for r in rows] == ["06-torch", "06-mini", "06-mini-each"]
     assert all("--nproc" in r.extra and "--wrapper" in r.extra for r in rows)
     assert rows[2].extra[-2:] == ["--bucket-cap-mb", "0"]
@@ -76,22 +77,22 @@ def test_lesson_06_rows_compare_step_times_with_torch_ddp():
     ]
     for r, world in zip(records, (1, 2, 2, 2), strict=True):
         r.update(mode=r["key"], world_size=world, global_batch=8 * world)
-    bench.add_ratios(records)
+    launch.add_ratios(records)
     assert records[1]["step_vs_ddp"] == 1.0 and records[2]["step_vs_ddp"] == 1.05
     assert "step_vs_ddp" not in records[0] and "step_vs_ddp" not in records[3]
-    text = bench.table({"settings": {"device": "cuda"}, "rows": records})
+    text = render.table({"settings": {"device": "cuda"}, "rows": records})
     head, *lines = text.splitlines()
     assert head.split()[2:5] == ["step", "/", "DDP's"]
     assert "1.050" in lines[2] and "failed" in lines[3]
-    markdown = bench.table({"settings": {"device": "cuda"}, "rows": records}, markdown=True)
+    markdown = render.table({"settings": {"device": "cuda"}, "rows": records}, markdown=True)
     widths = {line.count("|") for line in markdown.splitlines()}
     assert len(widths) == 1, markdown  # every row has every column
 
 
 def test_lesson_08_rows_change_one_thing_each_against_the_lesson_as_it_stands(tmp_path):
     """Every 08 variant is the base run plus its own flags, environment or data."""
-    settings = bench.Settings("cuda", 2, "resnet50", 224, 128, "bf16", True)
-    rows = {r.key: r for r in bench.plan(settings, ["08"], window=10, warmup=2, windows=5)}
+    settings = catalogue.Settings("cuda", 2, "resnet50", 224, 128, "bf16", True)
+    rows = {r.key: r for r in catalogue.plan(settings, ["08"], window=10, warmup=2, windows=5)}
     assert {"01-fp32", "08", "08-b100", "08-acc2", "08-fp32", "08-files0", "08-compile"} <= set(
         rows
     )
@@ -100,19 +101,19 @@ def test_lesson_08_rows_change_one_thing_each_against_the_lesson_as_it_stands(tm
         if key.startswith("08-"):
             assert row.extra[: len(base)] == base and row.versus == "08", key
     impl = REPO_ROOT / "solutions"
-    command = bench.command(rows["08"], impl, settings)
+    command = launch.command(rows["08"], impl, settings)
     assert "--amp" in command and "--channels-last" in command
-    fp32 = bench.command(rows["08-fp32"], impl, settings)
+    fp32 = launch.command(rows["08-fp32"], impl, settings)
     assert "--amp" not in fp32 and "--channels-last" not in fp32
     assert rows["08-fp32"].single == "01-fp32"
-    acc = bench.command(rows["08-acc2"], impl, settings)
+    acc = launch.command(rows["08-acc2"], impl, settings)
     images = int(acc[acc.index("--data") + 1].split(":")[1])
     assert images == rows["08-acc2"].steps * 128 * 2 * 2  # micro-batches x accumulate
-    files = bench.command(rows["08-files"], impl, settings, files=tmp_path)
+    files = launch.command(rows["08-files"], impl, settings, files=tmp_path)
     assert files[files.index("--data") + 1] == str(tmp_path)
     assert rows["08-ch4"].env == {"NCCL_MAX_NCHANNELS": "4"}
-    cpu = bench.Settings("cpu", 2, "cnn", 32, 32, "off", False)
-    cpu_keys = [r.key for r in bench.plan(cpu, ["08"], window=5, warmup=1, windows=3)]
+    cpu = catalogue.Settings("cpu", 2, "cnn", 32, 32, "off", False)
+    cpu_keys = [r.key for r in catalogue.plan(cpu, ["08"], window=5, warmup=1, windows=3)]
     assert not {"08-compile", "08-ch4", "08-files"} & set(cpu_keys)
 
 
@@ -129,13 +130,13 @@ def test_lesson_08_ratios_divide_by_their_own_baselines():
         r.setdefault("step_ms", 1.0)
         if r["key"].startswith("08-"):
             r["versus"] = "08"
-    bench.add_ratios(records)
+    launch.add_ratios(records)
     assert records[3]["efficiency"] == 0.95  # against one device in fp32, not in bf16
     assert records[3]["vs_base"] == 0.5 and "vs_base" not in records[2]
     assert "vs_base" not in records[4]
-    head, *lines = bench.table({"settings": {"device": "cuda"}, "rows": records}).splitlines()
+    head, *lines = render.table({"settings": {"device": "cuda"}, "rows": records}).splitlines()
     assert head.split()[2:4] == ["x", "08"] and "0.500" in lines[3]
-    markdown = bench.table({"settings": {"device": "cuda"}, "rows": records}, markdown=True)
+    markdown = render.table({"settings": {"device": "cuda"}, "rows": records}, markdown=True)
     assert len({line.count("|") for line in markdown.splitlines()}) == 1, markdown
 
 
@@ -186,7 +187,7 @@ def test_bad_arguments_give_one_line():
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)
 def test_published_records_are_complete_and_consistent(path: Path):
     """Every record on the results page has its provenance, and its ratios follow from its rows."""
-    doc = bench.load(path)
+    doc = render.load(path)
     needed = ["device", "gpu_count", "torch", "cuda", "nccl", "date", "command"]
     if doc["settings"]["gpus"] >= 2:  # the link between GPU0 and GPU1
         needed.append("interconnect")
@@ -196,9 +197,9 @@ def test_published_records_are_complete_and_consistent(path: Path):
     for r in rows:
         for key in ("speedup", "efficiency", "step_vs_ddp", "vs_base"):
             r.pop(key, None)
-    bench.add_ratios(rows)
+    launch.add_ratios(rows)
     for stored, computed in zip(doc["rows"], rows, strict=True):
         assert stored.get("efficiency") == computed.get("efficiency"), stored["mode"]
         assert stored.get("step_vs_ddp") == computed.get("step_vs_ddp"), stored["mode"]
         assert stored.get("vs_base") == computed.get("vs_base"), stored["mode"]
-    assert bench.plot([doc])[:4] == b"\x89PNG"
+    assert render.plot([doc])[:4] == b"\x89PNG"

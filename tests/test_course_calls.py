@@ -1,10 +1,10 @@
-"""course.calls: what a case script reports when the submission fails inside spawned ranks."""
+"""course.grader.calls: what a case script reports when the submission fails in spawned ranks."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from course import calls
+from course.grader import calls
 
 LESSON = Path("/course/lessons/05_collectives/collectives.py")
 

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from course import REPO_ROOT, cli, lessons, procs
+from course import REPO_ROOT, lessons, procs
+from course.tools import cli
 
 
 def course(*args, timeout=120):

@@ -1,4 +1,4 @@
-"""course/ddp_log.py: DDP's all-reduces counted from inside a process by a comm hook.
+"""course/probes/ddp_log.py: DDP's all-reduces counted from inside a process by a comm hook.
 
 Each case runs a one-rank gloo DDP in a child process (the probe patches DDP's
 class, which must not happen inside the test process), with COURSE_DDP_LOG
@@ -10,8 +10,9 @@ from __future__ import annotations
 import sys
 import textwrap
 
-from course import ddp_log, procs, ranks
-from course.ddp_log import LOG_ENV
+from course import procs, ranks
+from course.probes import ddp_log
+from course.probes.ddp_log import LOG_ENV
 
 SCRIPT = """
 import contextlib, os, sys

@@ -1,4 +1,4 @@
-"""course.hints and the release's hint files: `python -m course hint NN [K]`."""
+"""course.tools.hints and the release's hint files: `python -m course hint NN [K]`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from course import REPO_ROOT, hints, lessons, procs, release
+from course import REPO_ROOT, lessons, procs
+from course.tools import hints, release
 
 WITH_TODOS = [lesson for lesson in lessons.LESSONS if hints.todos(lesson)]
 

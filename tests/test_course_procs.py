@@ -77,7 +77,7 @@ def test_process_group_timeout(monkeypatch):
 
 def test_each_rank_writes_its_own_log(tmp_path):
     """A process that knows its rank ($RANK, as torchrun sets it) writes to its own log;
-    the lesson calls nothing (course/rank_logs.py is installed at start-up)."""
+    the lesson calls nothing (course/probes/rank_output.py is installed at start-up)."""
     code = "import sys\nprint('to the log')\nprint('err', file=sys.stderr)\n"
     env = {"RANK": "3"}
     result = procs.run([sys.executable, "-c", code], timeout=30, log_dir=tmp_path, env=env)
@@ -223,7 +223,7 @@ print("described", "did not finish within" in hung.describe())
 
 
 def test_a_forked_function_has_its_output_exit_code_deadline_and_group_kill(tmp_path):
-    """procs.forked (the grader's import check, course/warmgrade.py) keeps procs.run's
+    """procs.forked (the grader's import check, course/grader/warm.py) keeps procs.run's
     promises: output captured, the function's int is the exit code, and at the deadline
     the child and what it started are killed. Run in a child: an xdist worker has threads,
     and can_fork() refuses those."""

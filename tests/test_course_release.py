@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from course import REPO_ROOT, lessons, release
+from course import REPO_ROOT, lessons
+from course.tools import release
 
 SOLUTION = """def area(r):
     # TODO: the area of a circle of radius r.

@@ -1,4 +1,4 @@
-"""course.sizes: the lessons stay lean (python -m course sizes).
+"""course.tools.sizes: the lessons stay lean (python -m course sizes).
 
 The table is printed (pytest -s or -rP shows it); the test fails when a
 solution passes 150 code lines, or changes more than 80 code lines against
@@ -10,7 +10,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from course import REPO_ROOT, sizes
+from course import REPO_ROOT
+from course.tools import sizes
 
 CODE = '''"""A docstring,
 over two lines."""

@@ -16,13 +16,14 @@ import textwrap
 
 import pytest
 
-from course import REPO_ROOT, lessons, procs, warmgrade
+from course import REPO_ROOT, lessons, procs
+from course.grader import warm
 
 
 @pytest.fixture(scope="module")
 def grader():
-    """A warm grading server (course/warmgrade.py), as tests/test_mutants.py uses."""
-    with warmgrade.Server(REPO_ROOT) as server:
+    """A warm grading server (course/grader/warm.py), as tests/test_mutants.py uses."""
+    with warm.Server(REPO_ROOT) as server:
         yield server
 
 
@@ -132,7 +133,7 @@ def test_a_submission_broken_at_import_fails_its_lesson_at_once(grader, tmp_path
     """Lesson 03 whose file hangs (or raises) at import: every test of the lesson fails with
     the same one line, as soon as the grader's import check knows, instead of each test
     waiting out its own deadline (the launches alone wait 120 s)."""
-    from course.grading import IMPORT_DEADLINE_S
+    from course.grader.plugin import IMPORT_DEADLINE_S
 
     submission = tmp_path / "submission"
     shutil.copytree(REPO_ROOT / "solutions" / "03_ddp_spawn", submission / "03_ddp_spawn")
@@ -175,7 +176,9 @@ def test_a_killed_grading_leaves_a_zero_score_file(grader, tmp_path):
         )
     )
     (tmp_path / "results.json").write_text('{"score": 99, "max_score": 99, "tests": []}')
-    results, run = grade(grader, tmp_path, [planted], "-o", "addopts=", "-p", "course.grading")
+    results, run = grade(
+        grader, tmp_path, [planted], "-o", "addopts=", "-p", "course.grader.plugin"
+    )
     assert run.returncode == 3
     assert results["score"] == 0 and results["tests"] == [], results
 
@@ -265,7 +268,7 @@ def test_pytest_timeouts_stretch_with_course_timeout_scale(tmp_path):
         "@pytest.mark.timeout(1)\ndef test_marked_limit():\n    time.sleep(1.6)\n"
     )
     args = [sys.executable, "-m", "pytest", str(planted), "-q", "-p", "no:cacheprovider"]
-    args += ["-p", "no:xdist", "-o", "addopts=", "-p", "course.grading", "-o", "timeout=1"]
+    args += ["-p", "no:xdist", "-o", "addopts=", "-p", "course.grader.plugin", "-o", "timeout=1"]
     for scale, failed in (("1", 2), ("3", 0)):
         run = procs.run(args, timeout=60, cwd=tmp_path, env={"COURSE_TIMEOUT_SCALE": scale})
         assert f"{failed} failed" in run.output if failed else "2 passed" in run.output, (

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from course import REPO_ROOT, lessons, procs
-from course.cli import grade_command
+from course.tools.cli import grade_command
 
 GRADED = ("00", "03")
 

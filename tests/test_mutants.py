@@ -29,8 +29,10 @@ from pathlib import Path
 
 import pytest
 
-from course import REPO_ROOT, procs, release, warmgrade
-from course.cli import grade_command
+from course import REPO_ROOT, procs
+from course.grader import rules, warm
+from course.tools import release
+from course.tools.cli import grade_command
 
 MUTANT_DIR = Path(__file__).with_name("mutants")
 
@@ -64,13 +66,13 @@ def apply(tmp_path: Path, file: str, case: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def grader(course_without_solutions):
-    """One warm grading server per test process (course/warmgrade.py): each case is
+    """One warm grading server per test process (course/grader/warm.py): each case is
     graded by a fresh fork of a Python that imported pytest and torch once."""
-    with warmgrade.Server(course_without_solutions) as server:
+    with warm.Server(course_without_solutions) as server:
         yield server
 
 
-def grade(grader: warmgrade.Server, number: str, impl: Path, *options: str):
+def grade(grader: warm.Server, number: str, impl: Path, *options: str):
     command = grade_command([number], impl, root=grader.root)
     return grader.run([*command, *options], timeout=300, cwd=grader.root)
 
@@ -107,6 +109,20 @@ def test_every_todo_has_a_mutant_and_every_case_applies_once():
             )
             line = source[:first].count("\n") + 1
             assert hit, f"{module.FILE}:{line}: this TODO block has no mutant in {path.name}"
+        # Each mutant's `caught_by` (a -k expression: words joined by " or ") names tests
+        # that exist, read with the grader's own rules (course/grader/rules.py).
+        number = path.stem.removeprefix("lesson_")
+        names = [
+            t.name
+            for test_file in sorted((REPO_ROOT / "tests").glob(f"test_{number}_*.py"))
+            for t in rules.collect_graded_tests(test_file)
+        ]
+        for case in module.MUTANTS:
+            for word in case["caught_by"].split(" or "):
+                assert any(word.strip() in name for name in names), (
+                    f"{path.name}: {case['name']}: caught_by {word.strip()!r} matches no test "
+                    f"of lesson {number}"
+                )
     solved = {p.parent.name for p in (REPO_ROOT / "solutions").glob("*/*.py")}
     assert solved <= lessons_seen, f"lessons without mutants: {sorted(solved - lessons_seen)}"
     # The alternatives are also what grades each lesson in full without solutions/.

@@ -2,7 +2,7 @@
 
 Each record in docs/results/outputs/ (made by `python -m course record`) is
 run again on the CPU, and its output compared line by line with the record,
-timings and throughput masked (course/record.py, VOLATILE). Losses may differ
+timings and throughput masked (course/tools/record.py, VOLATILE). Losses may differ
 in the last printed digit (relative 1e-3) and accuracies by one test image
 (0.3 percentage points of 359), which a different CPU can cause; a changed
 line, step count or model fails. Re-record with `python -m course record`.
@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from course import record
+from course.tools import record
 
 NUMBER = re.compile(r"\d[\d,]*\.?\d*%?")
 

@@ -13,6 +13,8 @@ from urllib.parse import urlparse
 
 import pytest
 
+from course.grader import rules
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 
@@ -23,7 +25,8 @@ pytest.importorskip("mkdocs", reason="the site needs mkdocs (the dev extra insta
 # builder imports by name; both modules then reuse one build per process.
 import _sitebuild as sitebuild  # noqa: E402
 
-hook = sitebuild.load_hook()
+hook = sitebuild.load_hook()  # puts docs/hooks on sys.path: its directives import
+from directives import common, grading, records, snippets  # noqa: E402
 
 # A snippet line: optional indent, `--8<--`, a quoted path with an optional `:section`
 # or line range. A leading `;` escapes it, so such lines are documentation, not includes.
@@ -80,9 +83,9 @@ def test_strict_build_succeeds(site):
 
 
 def test_missing_mermaid_package_fails_the_build_clearly(monkeypatch):
-    monkeypatch.setattr(hook.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(snippets.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(hook.PluginError, match=r"mermaid JS not found: install the dev extra"):
-        hook.find_mermaid_js()
+        snippets.find_mermaid_js()
 
 
 def test_snippet_references_resolve():
@@ -136,12 +139,12 @@ def test_every_solution_file_is_shown_on_a_page():
 
 
 def test_every_lesson_with_code_has_a_page_in_the_nav():
-    lessons = hook.load_lessons()
+    lessons = common.load_lessons()
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     with_code = [lesson for lesson in lessons if (ROOT / "solutions" / lesson.slug).is_dir()]
     assert with_code, "no lesson in course.lessons has a solutions/ folder"
     for lesson in with_code:
-        assert hook.lesson_page(lesson).is_file(), f"lesson {lesson.number}: no page"
+        assert common.lesson_page(lesson).is_file(), f"lesson {lesson.number}: no page"
         assert f"lessons/{lesson.slug}.md" in nav, f"lesson {lesson.number}: page not in nav"
 
 
@@ -154,6 +157,18 @@ REQUIRED_HEADINGS = (
     "## How it is graded",
     "## Common errors",
 )
+
+
+def test_every_graded_test_says_what_it_checks():
+    """The grading tables show each test's docstring; a test without one would show only
+    its name turned into a sentence."""
+    bare = [
+        f"{path.name}::{t.name}"
+        for path in sorted((ROOT / "tests").glob("test_[0-9][0-9]_*.py"))
+        for t in rules.collect_graded_tests(path)
+        if not t.doc
+    ]
+    assert not bare, f"graded tests without a docstring: {bare}"
 
 
 @pytest.mark.parametrize("page", sorted(DOCS.glob("lessons/[0-9][0-9]_*.md")), ids=lambda p: p.stem)
@@ -190,7 +205,7 @@ def test_grading_tables_match_the_tests(site):
         if not pages:
             continue
         html = (site.path / "lessons" / pages[0].stem / "index.html").read_text(encoding="utf-8")
-        for t in hook.collect_graded_tests(test_file):
+        for t in rules.collect_graded_tests(test_file):
             assert t.total_cases == collected[t.name], (
                 f"{t.name}: the table says {t.total_cases} cases, pytest collects "
                 f"{collected[t.name]}"
@@ -223,13 +238,13 @@ def test_grading_parser_reads_points_docstrings_and_cases(tmp_path):
         "def test_d(backend):\n    pass\n",
         encoding="utf-8",
     )
-    got = {t.name: t for t in hook.collect_graded_tests(sample)}
+    got = {t.name: t for t in rules.collect_graded_tests(sample)}
     assert got["test_a"].points == 3 and got["test_a"].doc == "Checks A."
     assert got["test_b"].cases == 3 and got["test_b"].total_cases == 3
     assert got["test_unscored"].points is None and got["test_unscored"].worth == 1
     assert got["TestGroup::test_c"].points == 2 and got["TestGroup::test_c"].gpus == 2
     assert got["test_d"].backend and got["test_d"].total_cases == 2
-    table = hook.render_grading(sample.name, root=tmp_path)
+    table = grading.render_grading(sample.name, root=tmp_path)
     # 3 + 1*3 + 1 + 2 (GPU only) + 1*2 (gloo and nccl) = 11; without GPUs 3 + 3 + 1 + 1 = 8
     assert "| **Total** | **8** of them on a CPU-only machine | | | **11** | |" in table, table
     assert "| <code>test_<wbr>unscored</code> | Unscored. | 1 | 1 | 1 | CPU |" in table
@@ -238,23 +253,23 @@ def test_grading_parser_reads_points_docstrings_and_cases(tmp_path):
 def test_diff_directive_renders_and_fails_clearly(tmp_path):
     (tmp_path / "a.py").write_text("x = 1\n# --8<-- [start:s]\ny = 2\n", encoding="utf-8")
     (tmp_path / "b.py").write_text("x = 1\ny = 3\n", encoding="utf-8")
-    out = hook.render_diff("a.py", "b.py", root=tmp_path)
+    out = snippets.render_diff("a.py", "b.py", root=tmp_path)
     assert out.startswith("```diff") and "-y = 2\n+y = 3\n" in out
     assert "8<" not in out, "snippet section markers leaked into the diff"
     with pytest.raises(hook.PluginError, match="no such file 'nope.py'"):
-        hook.render_diff("a.py", "nope.py", root=tmp_path)
+        snippets.render_diff("a.py", "nope.py", root=tmp_path)
     with pytest.raises(hook.PluginError, match="malformed directive"):
         hook.expand("<!-- diff: a.py -->\n", "page.md")
 
 
 def test_bandwidth_directive_with_and_without_a_rated_limit():
     record = "docs/results/05_allreduce/2xh200-nccl.json"
-    plain = hook.render_bandwidth_table(record)
+    plain = records.render_bandwidth_table(record)
     assert "busbw (GB/s)" in plain and "GB/s |" not in plain.splitlines()[0].split("busbw")[-1]
-    rated = hook.render_bandwidth_table(record, "450")
+    rated = records.render_bandwidth_table(record, "450")
     assert "busbw / 450 GB/s" in rated.splitlines()[0] and "%" in rated.splitlines()[2]
     with pytest.raises(hook.PluginError, match="limit 'fast' is not a number"):
-        hook.render_bandwidth_table(record, "fast")
+        records.render_bandwidth_table(record, "fast")
 
 
 def test_results_table_from_json_records(tmp_path):
@@ -263,16 +278,16 @@ def test_results_table_from_json_records(tmp_path):
     for n, rate in ((2, 1800.0), (1, 1000.0), (4, 3000.0)):
         record = {"world_size": n, "samples_per_s": rate, "step_ms": {"median": 10.0 * n}}
         (folder / f"ws{n}.json").write_text(json.dumps(record), encoding="utf-8")
-    table = hook.render_results("runs", root=tmp_path)
+    table = records.render_results("runs", root=tmp_path)
     lines = table.splitlines()
     assert lines[0] == "| world_size | samples_per_s | step_ms.median | speed-up | efficiency |"
     assert lines[2] == "| 1 | 1,000 | 10 | 1.00× | 100% |"
     assert lines[4] == "| 4 | 3,000 | 40 | 3.00× | 75% |"
     (folder / "broken.json").write_text("[1, 2", encoding="utf-8")
     with pytest.raises(hook.PluginError, match="broken.json is not a JSON object"):
-        hook.render_results("runs", root=tmp_path)
+        records.render_results("runs", root=tmp_path)
     with pytest.raises(hook.PluginError, match="no \\*.json records"):
-        hook.render_results("nothing-here", root=tmp_path)
+        records.render_results("nothing-here", root=tmp_path)
 
 
 MERMAID_INCLUDE = re.compile(r"```mermaid\s*\n\s*--8<-- \"[^\"]+\.mmd\"")
@@ -325,7 +340,7 @@ def test_built_pages_load_nothing_from_the_network(site):
 
 def test_bench_records_become_tables_and_a_plot_at_build_time(site):
     """The scaling results are drawn from `course bench` JSON: every row's figure is on the page."""
-    from course import bench
+    from course.tools.bench import render
 
     records = sorted((DOCS / "results" / "scaling_2xh200").glob("*.json"))
     assert records, "no course bench records in docs/results/scaling_2xh200"
@@ -333,7 +348,7 @@ def test_bench_records_become_tables_and_a_plot_at_build_time(site):
     plots = (DOCS / "results.md").read_text(encoding="utf-8").count("<!-- bench-plot:")
     assert html.count('class="course-plot"') == plots and "data:image/png;base64," in html
     for path in records:
-        doc = bench.load(path)
+        doc = render.load(path)
         assert doc["provenance"]["command"] in html
         for row in doc["rows"]:
             assert f"{row['samples_per_s']:,.0f}" in html, (path.name, row["mode"])
@@ -345,11 +360,11 @@ def test_bench_directives_refuse_what_is_not_a_record(tmp_path):
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "other.json").write_text('{"world_size": 1}', encoding="utf-8")
     with pytest.raises(hook.PluginError, match="not a `course bench` record"):
-        hook.render_bench_table("r/other.json", root=tmp_path)
+        records.render_bench_table("r/other.json", root=tmp_path)
     with pytest.raises(hook.PluginError, match="no such file"):
-        hook.render_bench_table("r/none.json", root=tmp_path)
+        records.render_bench_table("r/none.json", root=tmp_path)
     with pytest.raises(hook.PluginError, match="no \\*.json records"):
-        hook.render_bench_plot("empty", root=tmp_path)
+        records.render_bench_plot("empty", root=tmp_path)
 
 
 def test_recorded_outputs_facts_todos_and_hints_expand_at_build_time():
@@ -374,7 +389,7 @@ def test_recorded_outputs_facts_todos_and_hints_expand_at_build_time():
 
 def test_bench_figures_quoted_in_prose_come_from_the_records(tmp_path):
     """[[bench:FOLDER/FILE:KEY.FIELD]] is a figure of one row, KEY.F/KEY.F a ratio of two."""
-    from course import bench
+    from course.tools.bench import launch, render
 
     folder = tmp_path / "docs" / "results" / "r"
     folder.mkdir(parents=True)
@@ -382,24 +397,102 @@ def test_bench_figures_quoted_in_prose_come_from_the_records(tmp_path):
         {"key": "01", "lesson": "01", "ok": True, "samples_per_s": 4000.4, "world_size": 1},
         {"key": "08", "lesson": "08", "ok": True, "samples_per_s": 7900.0, "world_size": 2},
     ]
-    bench.add_ratios(rows)
-    doc = {"kind": bench.KIND, "settings": {}, "provenance": {}, "rows": rows}
+    launch.add_ratios(rows)
+    doc = {"kind": render.KIND, "settings": {}, "provenance": {}, "rows": rows}
     (folder / "a.json").write_text(json.dumps(doc), encoding="utf-8")
-    assert hook.render_bench_figure("r/a", "01.samples_per_s", root=tmp_path) == "4,000"
-    assert hook.render_bench_figure("r/a", "08.efficiency", root=tmp_path) == "0.987"
-    assert hook.render_bench_figure("r/a", "08.speedup/01.speedup", root=tmp_path) == "2.0"
+    assert records.render_bench_figure("r/a", "01.samples_per_s", root=tmp_path) == "4,000"
+    assert records.render_bench_figure("r/a", "08.efficiency", root=tmp_path) == "0.987"
+    assert records.render_bench_figure("r/a", "08.speedup/01.speedup", root=tmp_path) == "2.0"
     rows[1]["window_samples_per_s"] = [7000.0, 6500.5, 8000.0]
     (folder / "a.json").write_text(json.dumps(doc), encoding="utf-8")
-    got = hook.render_bench_figure("r/a", "08.window_samples_per_s", root=tmp_path)
+    got = records.render_bench_figure("r/a", "08.window_samples_per_s", root=tmp_path)
     assert got == "6,500 to 8,000"
     for spec in ("09.efficiency", "08.nothing"):
         with pytest.raises(hook.PluginError, match="no row/field"):
-            hook.render_bench_figure("r/a", spec, root=tmp_path)
+            records.render_bench_figure("r/a", spec, root=tmp_path)
     with pytest.raises(hook.PluginError, match="no record"):
-        hook.render_bench_figure("r/missing", "08.efficiency", root=tmp_path)
+        records.render_bench_figure("r/missing", "08.efficiency", root=tmp_path)
     # On the lesson's page every such reference expanded into a number.
     page = (DOCS / "lessons" / "08_performance.md").read_text(encoding="utf-8")
     quoted = re.findall(r"\[\[bench:[^\]]+\]\]", page)
     assert quoted, "lesson 08's page quotes no measured figure"
     out = hook.expand(page, "lessons/08_performance.md")
     assert "[[bench:" not in out
+
+
+def _page_text(path: Path) -> str:
+    """A built page's text as a reader sees it: tags dropped, entities decoded."""
+    import html
+
+    return html.unescape(re.sub(r"<[^>]+>", "", path.read_text(encoding="utf-8")))
+
+
+def _solution_only_lines() -> dict[str, list[str]]:
+    """Per lesson file, the distinctive lines a student writes: inside ### BEGIN/END
+    SOLUTION, at least 25 characters, and in no starter (a later lesson's starter gives
+    an earlier lesson's solution: that one is no secret once the student gets there)."""
+    from course.tools import release
+
+    # What a student is given: the starters, and the hints (lessons/*/hints.json, whose
+    # last hint is nearly the code: `course hint` shows it on request, and so does the page).
+    given = [p.read_text(encoding="utf-8") for p in ROOT.glob("lessons/*/*.py")]
+    given += [json.dumps(json.loads(p.read_text()), ensure_ascii=False)
+              for p in ROOT.glob("lessons/*/hints.json")]  # fmt: skip
+    starters = "\n".join(given).replace('\\"', '"')
+    found = {}
+    for path in sorted(ROOT.glob("solutions/*/*.py")):
+        starter = starters
+        inside, lines = False, []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip() in (release.BEGIN, release.END):
+                inside = line.strip() == release.BEGIN
+            elif inside and len(line.strip()) >= 25 and line.strip() not in starter:
+                lines.append(line.strip())
+        found[str(path.relative_to(ROOT))] = lines
+    return found
+
+
+def test_solution_tabs_show_clean_code(site):
+    """No authoring marker (### BEGIN/END SOLUTION, # HINT) on a lesson page, and the
+    reference's code is there."""
+    lines = _solution_only_lines()
+    for page in sorted((site.path / "lessons").glob("[0-9][0-9]_*/index.html")):
+        text = _page_text(page)
+        for marker in ("### BEGIN SOLUTION", "### END SOLUTION", "# HINT 1:"):
+            assert marker not in text, f"{page.parent.name}: the page shows {marker!r}"
+    shown = " ".join(_page_text(p) for p in (site.path / "lessons").rglob("index.html"))
+    assert all(any(line in shown for line in v) for v in lines.values() if v), (
+        "a lesson's solution code is missing from the published site"
+    )
+
+
+@pytest.mark.timeout(300)
+def test_the_instructor_build_has_no_solution_line(request):
+    """COURSE_SITE_SOLUTIONS=0 mkdocs build: no line a student must write appears on any
+    page, and the pages say what was left out."""
+    built = sitebuild.build_site(solutions=False)
+    sitebuild.report(request.config, f"site: the instructor build took {built.seconds:.1f} s")
+    pages = {p: _page_text(p) for p in built.path.rglob("*.html")}
+    leaks = [
+        f"{page.relative_to(built.path)}: {line}"
+        for page, text in pages.items()
+        for lines in _solution_only_lines().values()
+        for line in lines
+        if line in text
+    ]
+    assert not leaks, "the instructor build shows solution lines:\n" + "\n".join(leaks[:10])
+    lessons = [t for p, t in pages.items() if p.parent.parent.name == "lessons"]
+    assert any("left out of this build" in t for t in lessons), "no page says what was left out"
+
+
+def test_a_diff_to_a_solution_is_folded_and_left_out_of_the_instructor_build(monkeypatch):
+    """A diff that shows a reference solution renders inside a folded block; with
+    COURSE_SITE_SOLUTIONS=0 it is not rendered at all. Diffs between starters stay open."""
+    old, new = "lessons/01_single_device/train.py", "solutions/01_single_device/train.py"
+    folded = snippets.render_diff(old, new)
+    assert folded.startswith('??? note "Show the diff') and "```diff" in folded
+    starters = snippets.render_diff(old, "lessons/02_data_parallel/train_dp.py")
+    assert starters.startswith("```diff")
+    monkeypatch.setenv("COURSE_SITE_SOLUTIONS", "0")
+    left_out = snippets.render_diff(old, new)
+    assert "```diff" not in left_out and "not in this build" in left_out

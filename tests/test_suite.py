@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from course import REPO_ROOT, durations, procs
+from course import REPO_ROOT, procs
+from course.tools import durations
 
 # The top-level modules that only the `dev` extras install (with what they pull in).
 DEV_MODULES = (

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from course import options, ranks
-from course.train_utils import exit_with_one_line
+from course.runtime import exit_with_one_line
 
 
 def parse_args(argv=None):

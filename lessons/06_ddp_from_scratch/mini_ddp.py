@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 from course import checkpoint, data, metrics, models, options, ranks
-from course.train_utils import exit_with_one_line
+from course.runtime import exit_with_one_line
 
 
 def parse_args(argv=None):

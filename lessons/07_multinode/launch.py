@@ -16,7 +16,7 @@ import sys
 import time
 
 from course import options
-from course.train_utils import exit_with_one_line
+from course.runtime import exit_with_one_line
 
 
 def parse_args(argv=None):
@@ -33,7 +33,7 @@ def parse_args(argv=None):
     p.add_argument("--max-restarts", type=options.non_negative_int, default=0)
     p.add_argument("--dry-run", action="store_true", help="print the torchrun command, run nothing")
     p.add_argument("script", help="the training script torchrun starts on every process")
-    p.add_argument("script_args", nargs="*", help="its arguments (after --)")
+    p.add_argument("script_args", nargs="*", default=[], help="its arguments (after --)")
     args = p.parse_args(argv)
     if args.node_rank >= args.nnodes:
         p.error(f"--node-rank {args.node_rank}: must be below --nnodes {args.nnodes}")

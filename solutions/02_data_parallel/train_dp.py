@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from course import checkpoint, data, models, options
 from course.metrics import RunLog
-from course.train_utils import exit_with_one_line, gpu_ids, pick_device, seed_everything
+from course.runtime import exit_with_one_line, gpu_ids, pick_device, seed_everything
 
 
 def parse_args(argv=None):

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from course import checkpoint, data, models, options, ranks
 from course.metrics import RunLog
-from course.train_utils import exit_with_one_line, seed_everything
+from course.runtime import exit_with_one_line, seed_everything
 
 
 def parse_args(argv=None):

@@ -1,11 +1,11 @@
-"""Lesson 03's functions, called in a child process (course/calls.py).
+"""Lesson 03's functions, called in a child process (course/grader/calls.py).
 
 Run by tests/test_03_ddp_spawn.py as `python lesson_03.py LESSON_FILE OUT_DIR`.
 """
 
 from __future__ import annotations
 
-from course.calls import Cases, raised
+from course.grader.calls import Cases, raised
 
 cases = Cases()
 

@@ -1,4 +1,4 @@
-"""Lesson 04's functions, called in a child process (course/calls.py).
+"""Lesson 04's functions, called in a child process (course/grader/calls.py).
 
 Run by tests/test_04_torchrun.py as `python lesson_04.py LESSON_FILE OUT_DIR`.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from course.calls import Cases, raised
+from course.grader.calls import Cases, raised
 
 cases = Cases()
 

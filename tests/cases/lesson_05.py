@@ -1,4 +1,4 @@
-"""Lesson 05's ring all-reduce, called in ranks started by a child process (course/calls.py).
+"""Lesson 05's ring all-reduce, called in ranks started by a child process (course/grader/calls.py).
 
 Run by tests/test_05_collectives.py as `python lesson_05.py LESSON_FILE OUT_DIR`. Each case
 starts `world` gloo ranks with mp.spawn; every rank loads the lesson file, fills its tensor
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from course import ranks
-from course.calls import Cases, Tensors
+from course.grader.calls import Cases, Tensors
 
 cases = Cases()
 SIZES = (1, 5, 1000, 4099)  # fewer values than ranks, uneven splits, odd lengths
@@ -70,13 +70,13 @@ class OpLog:
 
 
 def _rank(rank, world, port, lesson_file, out, sizes, backend="gloo") -> None:
-    from course import loader
+    from course.grader import submission
 
     device = ranks.join_local(rank, world, backend, port)
     log = OpLog()
     log.patch()  # before the lesson is loaded: its own imports see the logging functions
     try:
-        lesson = loader.load(Path(lesson_file), requires=("ring_all_reduce",))
+        lesson = submission.load(Path(lesson_file), requires=("ring_all_reduce",))
         results, ops = {}, {}
         for size in sizes:
             tensor = ring_input(world, size, rank).to(device)

@@ -1,0 +1,1 @@
+"""The grader: everything that grades a submission."""

@@ -1,0 +1,150 @@
+"""Many gradings, one warm Python: pytest and torch imported once, a fork per grading.
+
+tests/test_mutants.py grades about ninety copies of the solutions, each as
+`python -m pytest tests/test_NN_*.py --impl=COPY ...` would. A fresh interpreter spends
+3 s of CPU importing pytest and torch before it collects a test (2 cores, measured
+2026-12-01), a quarter of a typical mutant's grading. Here one server process,
+started with the environment `procs.run` gives a grading, imports them once; for each
+request it forks a child that runs `pytest.main(args)`, in a session of its own, with
+output to a file. The child imports the test modules, the grader plugin and the
+submission's helpers itself, as a fresh grading does, so no state of one grading
+reaches the next. The caller keeps the deadline and kills the child's whole group,
+exactly as `procs.run` does, and gets the same `procs.RunResult`.
+
+    with warm.Server(root) as server:
+        result = server.run(command, timeout=300, cwd=root)
+
+`command` is a whole `python -m pytest ...` command (course.tools.cli.grade_command): its
+pytest arguments are what the child runs, and the server starts it the ordinary way if
+the server cannot (it died, or this platform cannot fork).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from course import procs
+
+# What a lesson's tests import, loaded once in the server (not the test modules, the
+# conftest or course.grader.plugin: pytest imports those itself, to rewrite their asserts).
+PRELOAD = (
+    "pytest",
+    "torch",
+    "torch.distributed",
+    "course.grader.calls",
+    "course.checkpoint",
+    "course.grader.judge",
+    "course.probes.weight_log",
+    "course.probes.ddp_log",
+    "course.tools.cli",
+)
+
+
+def serve() -> None:
+    """The server's loop: one JSON request per line on stdin, two replies per request
+    on stdout ({"pid"} when the child started, {"pid", "status"} when it ended)."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    import pytest
+
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    for line in sys.stdin:
+        job = json.loads(line)
+        out = os.open(job["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            sys.argv = ["pytest", *job["args"]]
+            procs._child_exit(functools.partial(pytest.main, job["args"]), out, job["cwd"])
+        os.close(out)
+        replies.write(json.dumps({"pid": pid}) + "\n")
+        status = os.waitpid(pid, 0)[1]
+        replies.write(json.dumps({"pid": pid, "status": status}) + "\n")
+
+
+class Server:
+    """A warm grading server for the course at `root` (its tests and grader)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Server:
+        if sys.platform.startswith("linux"):
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "course.grader.warm"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                cwd=self.root,
+                env=procs.child_env(course_root=self.root),
+                start_new_session=True,
+                text=True,
+            )
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            self.proc.stdin.close()
+            procs.kill_group(self.proc.pid)
+            self.proc.wait()
+            self.proc = None
+
+    def _reply(self, deadline: float | None) -> dict | None:
+        """The server's next reply; None at the deadline, or if the server is gone."""
+        stream = self.proc.stdout
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if select.select([stream], [], [], left)[0]:
+            line = stream.readline()
+            return json.loads(line) if line else None
+        return None
+
+    def run(self, command: list[str], *, timeout: float, cwd: str | Path) -> procs.RunResult:
+        """`procs.run(command, timeout=timeout, cwd=cwd, course_root=root)`, warm."""
+        if self.proc is None or self.proc.poll() is not None:
+            return procs.run(command, timeout=timeout, cwd=cwd, course_root=self.root)
+        args = command[command.index("pytest") + 1 :]
+        start, unscaled, timeout = time.monotonic(), timeout, timeout * procs.timeout_scale()
+        with tempfile.NamedTemporaryFile(prefix="course-grade-", suffix=".out") as out:
+            request = {"args": args, "cwd": str(cwd), "output": out.name}
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            started = self._reply(time.monotonic() + 60)
+            if started is None:  # the server died: grade the ordinary way
+                self.proc.kill()
+                return procs.run(command, timeout=unscaled, cwd=cwd, course_root=self.root)
+            pid, timed_out = started["pid"], False
+            ended = self._reply(start + timeout)
+            if ended is None:
+                timed_out = True
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                ended = self._reply(time.monotonic() + 30)
+            procs.kill_group(pid)  # what the grading started does not outlive it
+            output = Path(out.name).read_text(errors="replace")
+        status = ended["status"] if ended is not None else None
+        return procs.RunResult(
+            args=[str(a) for a in command],
+            returncode=None if timed_out or status is None else os.waitstatus_to_exitcode(status),
+            output=output,
+            timed_out=timed_out,
+            seconds=time.monotonic() - start,
+            timeout=timeout,
+            pgid=pid,
+        )
+
+
+if __name__ == "__main__":
+    serve()

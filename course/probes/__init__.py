@@ -1,0 +1,114 @@
+"""What the grader and `course bench` observe inside a lesson's processes.
+
+course/probes/_site/sitecustomize.py runs `install()` at the start of every Python
+process that has course/probes/_site on its PYTHONPATH (course.procs puts it there
+for everything it launches). Each probe is armed by its environment variable
+and costs nothing otherwise; those that hook into torch wait until the process
+imports it (`after_torch_import`):
+
+    COURSE_STEP_LOG     step timestamps for `course bench` (course/probes/step_clock.py)
+    COURSE_WRITE_LOG    which rank wrote which file (course/probes/write_log.py)
+    COURSE_REPLICA_LOG  a fingerprint of each rank's weights after every step
+                        (course/probes/weight_log.py)
+    COURSE_BATCH_LOG    the sample indices of every batch each rank loads
+                        (course/probes/batch_log.py)
+    COURSE_DDP_LOG      DDP's all-reduces per optimizer step, counted by a
+                        communication hook, and its options (course/probes/ddp_log.py)
+    COURSE_RANK_LOG_DIR each rank's output in a file of its own (course/probes/rank_output.py)
+    COURSE_CONNECT_LOG  every TCP connect attempt, timed (course/probes/connect_log.py)
+    COURSE_KILL_*       faults injected on purpose (course/probes/chaos.py)
+
+The lessons never call any of this: a student's own way of writing the same
+behaviour is observed the same way.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENVIRONMENT = (
+    "COURSE_STEP_LOG",
+    "COURSE_WRITE_LOG",
+    "COURSE_REPLICA_LOG",
+    "COURSE_BATCH_LOG",
+    "COURSE_DDP_LOG",
+    "COURSE_RANK_LOG_DIR",
+    "COURSE_CONNECT_LOG",
+    "COURSE_KILL_AT_STEP",
+    "COURSE_KILL_IN_SAVE",
+)
+
+
+def install() -> None:
+    if not any(os.environ.get(name) for name in ENVIRONMENT):
+        return  # the common case: a plain run, nothing to watch
+    if os.environ.get("COURSE_WRITE_LOG"):
+        from course.probes import write_log
+
+        write_log.install(os.environ["COURSE_WRITE_LOG"])
+    if os.environ.get("COURSE_RANK_LOG_DIR"):
+        from course.probes import rank_output
+
+        rank_output.install()
+    if os.environ.get("COURSE_CONNECT_LOG"):
+        from course.probes import connect_log
+
+        connect_log.install()
+    # The others hook into torch: armed once the process imports it, never before. Every
+    # lesson process imports torch first thing; the processes that never do (the
+    # resource tracker beside each mp.spawn, helpers) would import it only for the
+    # probes, 2 s of CPU each.
+    after_torch_import(_install_torch_probes)
+
+
+def _install_torch_probes() -> None:
+    if os.environ.get("COURSE_STEP_LOG"):
+        from course.probes import step_clock
+
+        step_clock.install()
+    if os.environ.get("COURSE_BATCH_LOG"):
+        from course.probes import batch_log
+
+        batch_log.install()
+    if os.environ.get("COURSE_DDP_LOG"):
+        from course.probes import ddp_log
+
+        ddp_log.install()
+    if os.environ.get("COURSE_REPLICA_LOG"):
+        from course.probes import weight_log
+
+        weight_log.install()
+    from course.probes import chaos
+
+    chaos.install()
+
+
+def after_torch_import(callback) -> None:
+    """Run `callback` now if torch is imported, else right after `import torch` finishes
+    (before the importer's next statement)."""
+    import sys
+
+    if "torch" in sys.modules:
+        callback()
+        return
+    import importlib.abc
+    import importlib.util
+
+    class _TorchImported(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name != "torch":
+                return None
+            sys.meta_path.remove(self)  # once; the real finders locate torch
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.loader is None:
+                return spec
+            execute = spec.loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                callback()
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _TorchImported())

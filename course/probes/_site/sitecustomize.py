@@ -1,0 +1,27 @@
+"""Loaded at start-up by every Python process that has this folder on its PYTHONPATH.
+
+course.procs puts it there for every process it launches (the grader's,
+`python -m course run`'s, `course bench`'s). When one of the COURSE_*
+variables of course/probes/__init__.py is set, it installs those probes; otherwise it
+does nothing else. Afterwards it runs the sitecustomize this
+one shadows, if the Python installation has one.
+"""
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+try:  # course.probes imports only `os` until a probe is armed
+    from course import probes
+except ImportError:  # course is not importable here: nothing to install
+    probes = None
+if probes is not None:
+    probes.install()
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_others = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+_spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _others)
+if _spec is not None and _spec.loader is not None:
+    _module = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_module)

@@ -1,0 +1,73 @@
+"""Which samples each rank trains on: the indices of every batch a DataLoader loads.
+
+"Each rank gets its own shard, and the shards change every epoch" must be
+checkable whatever sampler a student writes (DistributedSampler, their own
+class, a shuffled list). So the grader watches the DataLoader instead of
+asking the lesson. With `COURSE_BATCH_LOG=DIR` in the environment, every
+process (course/probes/__init__.py) appends one line per batch to
+DIR/rank<R>.<pid>.txt:
+
+    <pass> <dataset length> <index>,<index>,...
+
+A pass is one iteration over a DataLoader (an epoch, or an evaluation); the
+dataset length tells the training set from the test set.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+LOG_ENV = "COURSE_BATCH_LOG"
+
+
+def install() -> None:
+    from torch.utils.data import dataloader
+
+    from course.probes.write_log import current_rank
+
+    folder = Path(os.environ[LOG_ENV])
+    passes = itertools.count()
+    cls = dataloader._BaseDataLoaderIter
+    init, reset, next_index = cls.__init__, cls._reset, cls._next_index
+
+    def new_pass(self, loader) -> None:
+        self._course_pass = next(passes)
+        try:
+            self._course_length = len(loader.dataset)
+        except TypeError:  # an iterable dataset has no length
+            self._course_length = -1
+
+    def __init__(self, loader, *args, **kwargs):  # a new iterator: a new pass
+        new_pass(self, loader)
+        init(self, loader, *args, **kwargs)
+
+    def _reset(self, loader, *args, **kwargs):  # persistent workers: the iterator is reused
+        new_pass(self, loader)
+        reset(self, loader, *args, **kwargs)
+
+    def _next_index(self):
+        index = next_index(self)
+        batch = index if isinstance(index, list | tuple) else [index]
+        line = f"{self._course_pass} {self._course_length} {','.join(map(str, batch))}\n"
+        name = folder / f"rank{max(current_rank(), 0)}.{os.getpid()}.txt"
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+        return index
+
+    cls.__init__, cls._reset, cls._next_index = __init__, _reset, _next_index
+
+
+def passes(folder: str | Path, rank: int, length: int) -> list[list[int]]:
+    """The indices `rank` loaded, one list per pass over a dataset of `length` samples."""
+    out: dict[tuple[str, int], list[int]] = {}
+    for path in sorted(Path(folder).glob(f"rank{rank}.*.txt"), key=lambda p: p.stat().st_mtime):
+        for line in path.read_text().splitlines():
+            number, size, indices = (line.split(" ") + ["", "", ""])[:3]
+            if size == str(length) and indices:
+                out.setdefault((path.name, int(number)), []).extend(map(int, indices.split(",")))
+    return list(out.values())

@@ -1,0 +1,70 @@
+"""Step timestamps recorded from inside any training script, for `python -m course bench`.
+
+The benchmark must time the lessons' *own* code, launched the way a student
+launches it (mp.spawn, torchrun, DataParallel), without the lessons carrying
+any timing code. PyTorch offers the hook for that: a function registered with
+`torch.optim.optimizer.register_optimizer_step_post_hook` runs after every
+`optimizer.step()` of every optimizer in the process.
+
+`course/probes/_site/sitecustomize.py` installs it (course/probes/__init__.py) in every
+Python process that starts with `COURSE_STEP_LOG=DIR` in its environment and
+`course/probes/_site` on its PYTHONPATH (course.procs puts it there), spawned ranks
+and torchrun's workers included. Every `COURSE_STEP_EVERY` steps (a window) the hook waits for the
+GPU to finish (kernels run asynchronously: the CPU's clock alone would time
+the launches, not the work) and appends "<step> <seconds>" to
+DIR/rank<R>.<pid>.txt. The waits are only at window edges, so the GPU runs
+ahead of the CPU inside a window exactly as it does untimed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+LOG_ENV = "COURSE_STEP_LOG"
+EVERY_ENV = "COURSE_STEP_EVERY"
+
+
+def install() -> None:
+    """Register the hook (idempotent enough: one call per process, from sitecustomize)."""
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from course.probes.write_log import current_rank
+
+    folder = Path(os.environ[LOG_ENV])
+    every = max(1, int(os.environ.get(EVERY_ENV, "1")))
+    steps = 0
+
+    def after_step(_optimizer, _args, _kwargs) -> None:
+        nonlocal steps
+        steps += 1
+        if steps % every:
+            return
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # this rank's current device: all its queued work
+        line = f"{steps} {time.perf_counter():.6f}\n"
+        # O_APPEND, one write: a reader never sees half a line.
+        fd = os.open(
+            folder / f"rank{max(current_rank(), 0)}.{os.getpid()}.txt",
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+            0o644,
+        )
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+    register_optimizer_step_post_hook(after_step)
+
+
+def read(folder: str | Path, rank: int = 0) -> list[tuple[int, float]]:
+    """(step, seconds) pairs that `rank` recorded in `folder`, in order; [] if none."""
+    points: list[tuple[int, float]] = []
+    for path in sorted(Path(folder).glob(f"rank{rank}.*.txt")):
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                points.append((int(parts[0]), float(parts[1])))
+    return points

@@ -1,0 +1,1 @@
+"""The course's command-line tools (python -m course ...)."""

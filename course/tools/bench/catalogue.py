@@ -1,0 +1,136 @@
+"""The benchmark's catalogue: each lesson's rows, declared once (the table of
+course/tools/bench/__init__.py says what each row runs)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Row:
+    """One way of training, and how long to time it."""
+
+    key: str
+    lesson: str
+    label: str
+    world: int  # GPUs (or CPU ranks) that share the work
+    extra: list[str] = field(default_factory=list)
+    window: int = 10  # steps per timed window
+    warmup: int = 2  # windows dropped at the start
+    windows: int = 5  # windows timed
+    accumulate: int = 1  # micro-batches per optimizer step (lesson 08's --accumulate)
+    speed: tuple[str, bool] | None = None  # (amp, channels_last) instead of the run's
+    files: bool = False  # images decoded from files instead of tensors on the GPU
+    env: dict[str, str] = field(default_factory=dict)  # extra environment variables
+    single: str = "01"  # the one-device row its efficiency divides by
+    versus: str | None = None  # the row its "x" ratio divides by
+
+    @property
+    def steps(self) -> int:
+        return (self.warmup + self.windows) * self.window
+
+
+@dataclass
+class Settings:
+    device: str  # "cuda" or "cpu"
+    gpus: int  # world size of the parallel rows
+    model: str
+    image_size: int
+    batch_size: int  # per GPU (per rank)
+    amp: str
+    channels_last: bool
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device == "cuda" else "gloo"
+
+
+def plan(
+    settings: Settings, chosen: list[str], window: int, warmup: int, windows: int
+) -> list[Row]:
+    """The rows to measure, in table order."""
+    n, rows = settings.gpus, []
+    timing = dict(window=window, warmup=warmup, windows=windows)
+    if "01" in chosen:
+        rows.append(Row("01", "01", "one device", 1, ["--device", settings.device], **timing))
+    if "02" in chosen and settings.device == "cuda" and n >= 2:
+        dp = ["--device", "cuda", "--gpus", str(n)]
+        rows.append(Row("02", "02", "DataParallel", n, dp, **timing))
+        # With the autotuner, DataParallel re-tunes at every step (lesson 02): a
+        # step takes seconds, so a few short windows say all there is to say.
+        slow = dict(window=2, warmup=1, windows=3)
+        rows.append(
+            Row(
+                "02-tuned",
+                "02",
+                "DataParallel, cuDNN autotuner on",
+                n,
+                [*dp, "--cudnn-benchmark"],
+                **slow,
+            )
+        )
+    if "03" in chosen:
+        spawn = ["--nproc", str(n), "--backend", settings.backend]
+        rows.append(Row("03", "03", "DDP, mp.spawn", n, spawn, **timing))
+    if "04" in chosen:
+        rows.append(Row("04", "04", "DDP, torchrun", n, ["--backend", settings.backend], **timing))
+    if "06" in chosen:  # one training loop, three wrappers: only the gradient sync differs
+        spawn = ["--nproc", str(n), "--backend", settings.backend]
+        for key, label, extra in (
+            ("06-torch", "torch DDP, 06's loop", ["--wrapper", "torch"]),
+            ("06-mini", "MiniDDP, 25 MB buckets", ["--wrapper", "mini"]),
+            (
+                "06-mini-each",
+                "MiniDDP, one per tensor",
+                ["--wrapper", "mini", "--bucket-cap-mb", "0"],
+            ),
+        ):
+            rows.append(Row(key, "06", label, n, [*spawn, *extra], **timing))
+    if "08" in chosen:
+        rows += lesson_08_rows(settings, timing)
+    return rows
+
+
+def lesson_08_rows(settings: Settings, timing: dict) -> list[Row]:
+    """Lesson 08's script as it stands, then one change at a time against it."""
+    n, spawn = settings.gpus, ["--nproc", str(settings.gpus), "--backend", settings.backend]
+    fp32 = ("off", False)
+    # Decoding is slow: shorter windows; two dropped, for the workers' start (seconds each).
+    files = dict(window=5, warmup=2, windows=4)
+    variants = [  # key, label, extra flags, Row options
+        ("08", "DDP as lesson 03 builds it", [], {}),
+        ("08-copy", "gradients copied to buckets", ["--no-bucket-view"], {}),
+        ("08-b5", "5 MB buckets", ["--bucket-cap-mb", "5"], {}),
+        ("08-b100", "100 MB buckets", ["--bucket-cap-mb", "100"], {}),
+        ("08-static", "static_graph", ["--static-graph"], {}),
+        ("08-acc2", "no_sync, 2 micro-batches a step", ["--accumulate", "2"], {"accumulate": 2}),
+    ]
+    rows = []
+    if (settings.amp, settings.channels_last) != fp32:  # precision: against fp32 on one device
+        one = ["--device", settings.device]
+        rows.append(Row("01-fp32", "01", "one device, fp32", 1, one, speed=fp32, **timing))
+        variants.append(("08-fp32", "fp32, NCHW", [], {"speed": fp32, "single": "01-fp32"}))
+    if settings.device == "cuda":  # the CPU version checks code paths, and has no spare cores
+        nccl = {"env": {"NCCL_MAX_NCHANNELS": "4"}}  # fewer SMs busy with communication
+        variants.append(("08-ch4", "NCCL_MAX_NCHANNELS=4", [], nccl))
+        workers = str(max(1, min(6, (os.cpu_count() or 2) // (2 * n))))
+        for key, label, extra in (
+            ("08-files0", "image files, 0 workers", ["--num-workers", "0"]),
+            ("08-files-pageable", f"image files, {workers} workers, not pinned",
+             ["--num-workers", workers, "--no-pin-memory"]),
+            ("08-files", f"image files, {workers} workers, pinned", ["--num-workers", workers]),
+        ):  # fmt: skip
+            variants.append((key, label, extra, {"files": True, **files}))
+        variants.append(("08-compile", "torch.compile", ["--compile"], {}))
+    for key, label, extra, options in variants:
+        row_timing = {**timing, **{k: v for k, v in options.items() if k in timing}}
+        other = {k: v for k, v in options.items() if k not in timing}
+        rows.append(Row(key, "08", label, n, [*spawn, *extra], **row_timing, **other))
+        rows[-1].versus = None if key == "08" else "08"
+    return rows
+
+
+def images_needed(row: Row, settings: Settings) -> int:
+    """Training images for one epoch that holds every timed step."""
+    return row.steps * settings.batch_size * row.world * row.accumulate

@@ -1,0 +1,152 @@
+"""A benchmark record as text, a Markdown table, a plot (PNG or SVG) or HTML: what the CLI prints
+and what the site shows (docs/hooks/course_site.py)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+KIND = "course-bench"  # a record's "kind": what `load` accepts
+
+
+def title(doc: dict) -> str:
+    s, p = doc["settings"], doc["provenance"]
+    precision = "bf16 autocast" if s["amp"] == "bf16" else "fp32"
+    layout = ", channels-last" if s["channels_last"] else ""
+    where = (
+        f"{s['gpus']}x {p['device']}" if s["device"] == "cuda" else f"CPU, {s['gpus']} gloo ranks"
+    )
+    size = f"{s['image_size']}x{s['image_size']}"
+    return f"{s['model']} {size}, {precision}{layout}, batch {s['batch_size']} per GPU, {where}"
+
+
+def table(doc: dict, markdown: bool = False) -> str:
+    """The rows as a text table (for the terminal) or a Markdown table (for the site)."""
+    ranks = "GPUs" if doc["settings"]["device"] == "cuda" else "ranks"
+    head = ["lesson", "mode", ranks, "global batch", "img/s", "speed-up", "efficiency", "step ms"]
+    versus = any("step_vs_ddp" in r for r in doc["rows"])  # lesson 06: MiniDDP against DDP
+    bases = [r["versus"] for r in doc["rows"] if "vs_base" in r]  # lesson 08: against row 08
+    lines = []
+    for r in doc["rows"]:
+        cells = [r["lesson"], r["mode"], str(r["world_size"]), str(r["global_batch"])]
+        if not r["ok"]:
+            lines.append([*cells, "failed", "", "", ""])
+        else:
+            ratio = ["", ""]
+            if "speedup" in r:
+                ratio = [f"{r['speedup']:.2f}", f"{r['efficiency']:.2f}"]
+            lines.append([*cells, f"{r['samples_per_s']:,.0f}", *ratio, f"{r['step_ms']:.1f}"])
+        if versus:  # right after the mode: the column lesson 06's table is about
+            lines[-1].insert(2, f"{r['step_vs_ddp']:.3f}" if "step_vs_ddp" in r else "")
+        if bases:
+            lines[-1].insert(2, f"{r['vs_base']:.3f}" if "vs_base" in r else "")
+    if versus:
+        head.insert(2, "step / DDP's")
+    if bases:
+        head.insert(2, f"x {bases[0]}")
+    if markdown:
+        rule = "|---|---|" + "--:|" * (len(head) - 2)
+        rows = ["| " + " | ".join(cells) + " |" for cells in [head, *lines]]
+        return "\n".join([rows[0], rule, *rows[1:]])
+    widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head))]
+
+    def fmt(cells):
+        pairs = enumerate(zip(cells, widths, strict=True))
+        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in pairs)
+
+    return "\n".join([fmt(head), *(fmt(cells) for cells in lines)])
+
+
+def provenance_line(doc: dict) -> str:
+    p = doc["provenance"]
+    parts = [p["device"]]
+    if p.get("gpu_count"):
+        parts.append(f"{p['gpu_count']} visible")
+    if p.get("interconnect"):
+        parts.append(f"GPU0-GPU1 link {p['interconnect']} (nvidia-smi topo -m)")
+    parts.append(f"torch {p['torch']}")
+    if p.get("cuda"):
+        parts.append(f"CUDA {p['cuda']}")
+    if p.get("nccl"):
+        parts.append(f"NCCL {p['nccl']}")
+    parts += [f"{p['cpus']} CPUs", p["date"]]
+    return ", ".join(parts)
+
+
+def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> bytes:
+    """Throughput and scaling efficiency of every row, one colour per record; returns the image.
+
+    matplotlib: the de-facto plotting library, and the one a student already has.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(dict.fromkeys(r["key"] for doc in docs for r in doc["rows"] if r["ok"]))
+    labels = {
+        r["key"]: f"{r['lesson']} {r['mode']}".replace(", ", ",\n") for d in docs for r in d["rows"]
+    }
+    pkeys = [key for key in keys if not key.startswith("01")]  # efficiency: parallel rows
+    many = len(keys) > 8  # lesson 08's variants: slanted labels, a wider figure
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(12, 0.8 * len(keys)), 4.6 + many))
+    width = 0.8 / max(len(docs), 1)
+    offset = (len(docs) - 1) * width / 2  # from a group's first bar to its centre
+    for i, doc in enumerate(docs):
+        rows = {r["key"]: r for r in doc["rows"] if r["ok"]}
+        name = title(doc).split(" per GPU")[0]
+        shown = [key for key in keys if key in rows]
+        bars = left.bar(
+            [keys.index(k) + i * width for k in shown],
+            [rows[k]["samples_per_s"] for k in shown],
+            width,
+            label=name,
+        )
+        left.bar_label(bars, fmt="{:,.0f}", fontsize=7, padding=2)
+        shown = [key for key in pkeys if key in rows and "efficiency" in rows[key]]
+        bars = right.bar(
+            [pkeys.index(k) + i * width for k in shown],
+            [rows[k]["efficiency"] for k in shown],
+            width,
+        )
+        right.bar_label(bars, fmt="{:.2f}", fontsize=7, padding=2)
+    slant = dict(rotation=35, ha="right") if many else {}
+    left.set_xticks(
+        [k + offset for k in range(len(keys))], [labels[k] for k in keys], fontsize=7, **slant
+    )
+    left.set_ylabel("images / s (median window)")
+    left.set_title("Throughput")
+    left.margins(y=0.12)
+    right.set_xticks(
+        [k + offset for k in range(len(pkeys))], [labels[k] for k in pkeys], fontsize=7, **slant
+    )
+    right.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    right.set_ylim(0, 1.15)
+    right.set_ylabel("throughput / (GPUs x one device)")
+    right.set_title("Scaling efficiency")
+    fig.legend(loc="lower center", ncol=max(len(docs), 1), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=fmt, dpi=110)
+    plt.close(fig)
+    image = buffer.getvalue()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(image)
+    return image
+
+
+def plot_html(docs: list[dict]) -> str:
+    """The plot as an <img> with the PNG inline, for the course site."""
+    data = base64.b64encode(plot(docs)).decode()
+    alt = "Throughput and scaling efficiency"
+    return f'<img class="course-plot" alt="{alt}" src="data:image/png;base64,{data}">'
+
+
+def load(path: str | Path) -> dict:
+    doc = json.loads(Path(path).read_text())
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        raise ValueError(f'{path}: not a `course bench` record (no "kind": "{KIND}")')
+    return doc

@@ -1,0 +1,240 @@
+"""The course's command line: python -m course {list,run,grade,doctor,release}.
+
+python -m course list                      # lessons, titles, levels
+python -m course run 00                    # run a lesson (your version in lessons/)
+python -m course run 03 --nproc 2 --backend gloo -- --max-steps 20
+python -m course run 04 --nproc 2 --max-restarts 1 -- --snapshot runs/04/snap.pt
+python -m course grade 00 01               # grade your lessons, print the table
+python -m course grade --impl path/to/submission --grade-json results.json
+python -m course bench [--amp bf16 --channels-last]   # time lessons 01-04, 06 side by side
+python -m course hint 03 [2]               # hint 2 of your next unsolved TODO in lesson 03
+python -m course doctor                    # the reference environment report
+python -m course release [--check]         # regenerate lessons/ from solutions/
+python -m course record [NAME ...]         # re-record the outputs the pages show
+python -m course durations runs/suite.xml  # the suite's seconds by file and kind (--junitxml)
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from course import REPO_ROOT, lessons, procs
+from course.tools import release
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line, not a usage dump: the student should see what to fix.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m course", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sub.add_parser("list", help="list the lessons")
+
+    run = sub.add_parser("run", help="run a lesson's script the way its page shows")
+    run.add_argument("lesson", help="lesson number, e.g. 03")
+    run.add_argument("--impl", default="lessons", help="lessons (default), solutions or a folder")
+    run.add_argument("--nproc", type=int, help="processes (ranks) for a distributed lesson")
+    run.add_argument("--backend", choices=("gloo", "nccl"), help="for a distributed lesson")
+    run.add_argument(
+        "--max-restarts", type=int, help="torchrun lessons: restarts of a failed group (default 0)"
+    )
+    run.epilog = "Arguments after `--` are passed to the lesson's script."
+
+    grade = sub.add_parser("grade", help="grade lessons and print the points table")
+    grade.add_argument("lessons", nargs="*", help="lesson numbers (default: all)")
+    grade.add_argument("--impl", default="lessons", help="lessons (default), solutions or a folder")
+    grade.add_argument("--grade-json", metavar="PATH", help="write Gradescope-style results here")
+    grade.add_argument("-n", "--workers", type=int, default=0, help="parallel pytest workers")
+
+    hint = sub.add_parser("hint", help="a hint for the next unsolved TODO of a lesson")
+    hint.add_argument("lesson", help="lesson number, e.g. 03")
+    hint.add_argument("number", nargs="?", type=int, default=1, help="which hint (default 1)")
+    hint.add_argument("--impl", default="lessons", help="lessons (default) or a folder")
+
+    sub.add_parser("doctor", help="print the environment report (lesson 00's reference)")
+    # Parsed by course.tools.bench itself (python -m course bench --help); listed here for --help.
+    sub.add_parser("bench", help="time the lessons' own training side by side", add_help=False)
+    sub.add_parser("record", help="record the reference outputs the site shows", add_help=False)
+    sub.add_parser("bandwidth", help="all_reduce bandwidth by message size", add_help=False)
+    sub.add_parser(
+        "durations", help="the test suite's seconds by file and kind, from a JUnit file",
+        add_help=False,
+    )  # fmt: skip
+    sizes = sub.add_parser("sizes", help="code lines of each solution and lines changed per lesson")
+    sizes.add_argument("--impl", default="solutions", help="solutions (default) or a folder")
+
+    rel = sub.add_parser("release", help="regenerate the starters in lessons/ from solutions/")
+    rel.add_argument("--check", action="store_true", help="only report stale starters")
+    return parser
+
+
+def lesson_command(
+    lesson, impl_dir, nproc=None, backend=None, extra=(), max_restarts=None, rendezvous=None
+) -> list[str]:
+    """The command that launches `lesson` from `impl_dir`. For torchrun lessons,
+    `rendezvous` replaces --standalone with torchrun's multi-node options
+    (--nnodes, --rdzv_backend, --rdzv_endpoint, --rdzv_id)."""
+    script = lesson.path(impl_dir)
+    if not script.is_file():
+        raise FileNotFoundError(f"{script}: not found")
+    if not lesson.distributed and (nproc or backend):
+        raise ValueError(f"lesson {lesson.number} runs one process; --nproc/--backend don't apply")
+    if nproc is not None and nproc < 1:
+        raise ValueError(f"--nproc must be at least 1, got {nproc}")
+    if max_restarts is not None and (lesson.launcher != "torchrun" or max_restarts < 0):
+        raise ValueError("--max-restarts takes a number >= 0, for torchrun lessons only")
+    options = [*(["--backend", backend] if backend else [])]
+    if lesson.launcher == "torchrun":
+        launcher = [sys.executable, "-m", "torch.distributed.run"]
+        launcher += list(rendezvous) if rendezvous else ["--standalone"]
+        if max_restarts is not None:
+            launcher.append(f"--max-restarts={max_restarts}")
+        return [*launcher, f"--nproc_per_node={nproc or 1}", str(script), *options, *extra]
+    if lesson.launcher == "spawn" and nproc:
+        options += ["--nproc", str(nproc)]
+    return [sys.executable, str(script), *options, *extra]
+
+
+def _run(args) -> int:
+    lesson = lessons.get(args.lesson)
+    impl = lessons.resolve_impl(args.impl)
+    command = lesson_command(lesson, impl, args.nproc, args.backend, args.extra, args.max_restarts)
+    if args.backend == "nccl":  # one line here, not the lesson's error inside torchrun's report
+        from course import ranks
+
+        ranks.backend_and_world_size("nccl", args.nproc)
+    print("$", " ".join(command), flush=True)
+    # The student's own thread settings: each lesson shares the CPU itself.
+    return subprocess.call(command, env=procs.child_env(one_thread=False))
+
+
+def grade_command(numbers, impl, grade_json=None, workers=0, root=REPO_ROOT) -> list[str]:
+    """The pytest command that grades lessons `numbers` (all when empty) of `impl`,
+    with the tests of the course at `root`."""
+    chosen = [lessons.get(n) for n in numbers] or list(lessons.LESSONS)
+    files = []
+    for lesson in chosen:
+        found = sorted((Path(root) / "tests").glob(f"test_{lesson.number}_*.py"))
+        if not found:
+            raise FileNotFoundError(f"lesson {lesson.number} has no tests in tests/")
+        files += [str(f) for f in found]
+    command = [sys.executable, "-m", "pytest", *files, f"--impl={impl}", "-p", "no:cacheprovider"]
+    command += ["-q", "--no-header", "-rN"]
+    if grade_json:
+        command.append(f"--grade-json={grade_json}")
+    return command + (["-n", str(workers)] if workers else ["-p", "no:xdist"])
+
+
+def _grade(args) -> int:
+    impl = lessons.resolve_impl(args.impl)
+    command = grade_command(args.lessons, impl, args.grade_json, args.workers)
+    return subprocess.call(command, cwd=REPO_ROOT, env=procs.child_env())
+
+
+def _list(_args) -> int:
+    print(f"{'lesson':<8}{'title':<30}{'level':<14}{'launch':<10}folder")
+    for lesson in lessons.LESSONS:
+        print(
+            f"{lesson.number:<8}{lesson.title:<30}{lesson.level:<14}{lesson.launcher:<10}{lesson.slug}"
+        )
+    return 0
+
+
+def _hint(args) -> int:
+    from course.tools import hints
+
+    if args.number < 1:
+        raise ValueError("hints are numbered from 1")
+    print(hints.hint(lessons.get(args.lesson), args.number, lessons.resolve_impl(args.impl)))
+    return 0
+
+
+def _doctor(_args) -> int:
+    script = lessons.get("00").path(REPO_ROOT / "solutions")
+    if not script.is_file():
+        raise FileNotFoundError(
+            "the reference solutions are not installed here (a graded class ships without "
+            "them); run your own `python lessons/00_environment/env_check.py` instead"
+        )
+    return subprocess.call([sys.executable, str(script)], env=procs.child_env())
+
+
+def _release(args) -> int:
+    if args.check:
+        stale = release.stale()
+        for path in stale:
+            print(f"lessons/{path} is out of date with solutions/{path}")
+        if stale:
+            print("run `python -m course release` to regenerate them")
+        return 1 if stale else 0
+    for path in release.release():
+        print(f"wrote lessons/{path}")
+    return 0
+
+
+def _sizes(args) -> int:
+    from course.tools import sizes
+
+    return sizes.main(["--impl", args.impl])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["record"]:
+        from course.tools import record
+
+        try:
+            return record.main(argv[1:])
+        except (ValueError, RuntimeError) as err:
+            print(f"python -m course record: error: {err}", file=sys.stderr)
+            return 2
+    if argv[:1] == ["bandwidth"]:
+        from course.tools import bandwidth
+
+        try:
+            return bandwidth.main(argv[1:])
+        except ValueError as err:
+            print(f"python -m course bandwidth: error: {err}", file=sys.stderr)
+            return 2
+    if argv[:1] == ["durations"]:
+        from course.tools import durations
+
+        return durations.main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from course.tools import bench
+
+        try:
+            return bench.main(argv[1:])
+        except (lessons.UnknownLesson, FileNotFoundError, ValueError) as err:
+            print(f"python -m course bench: error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
+    # Everything after `--` belongs to the lesson script, not to us.
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    args = _parser().parse_args(argv)
+    args.extra = extra
+    handler = {
+        "list": _list,
+        "run": _run,
+        "grade": _grade,
+        "hint": _hint,
+        "doctor": _doctor,
+        "release": _release,
+        "sizes": _sizes,
+    }
+    try:
+        return handler[args.command](args)
+    except (lessons.UnknownLesson, FileNotFoundError, ValueError, release.ReleaseError) as err:
+        print(f"python -m course {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

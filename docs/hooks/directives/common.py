@@ -1,0 +1,58 @@
+"""What the directives share: the repository's root, the lesson registry, records and hints."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+
+# The repository: docs/hooks/directives/ is three folders down.
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def load_lessons():
+    """The lesson registry, imported fresh so that `mkdocs serve` sees edits."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    try:
+        module = importlib.import_module("course.lessons")
+    except ImportError as exc:
+        raise PluginError(f"lesson registry course.lessons cannot be imported: {exc}") from exc
+    return importlib.reload(module).LESSONS
+
+
+def lesson_page(lesson) -> Path:
+    return ROOT / "docs" / "lessons" / f"{lesson.slug}.md"
+
+
+def run_commands(lesson) -> list[str]:
+    script = f"solutions/{lesson.slug}/{lesson.script}"
+    direct = {
+        "python": f"python {script}",
+        "spawn": f"python {script}",
+        "torchrun": f"torchrun --standalone --nproc-per-node=2 {script}",
+    }.get(lesson.launcher, f"python {script}")
+    return [f"python -m course run {lesson.number}", direct]
+
+
+def read_record(name: str) -> dict:
+    """A `python -m course record` record, read by course.tools.record itself."""
+    load_lessons()  # puts the repository on sys.path
+    try:
+        return importlib.import_module("course.tools.record").load(name)
+    except FileNotFoundError as exc:
+        raise PluginError(str(exc)) from exc
+
+
+def lesson_todos(where: str, number: str) -> list[dict]:
+    """Lesson NN's TODOs and hints, as `python -m course hint` reads them (course.tools.hints)."""
+    lessons = {lesson.number: lesson for lesson in load_lessons()}
+    if number not in lessons:
+        raise PluginError(f"{where}: lesson {number!r} is not in course.lessons.LESSONS")
+    todos = importlib.import_module("course.tools.hints").todos(lessons[number])
+    if not todos:
+        raise PluginError(f"{where}: lesson {number} has no hints.json (run course release)")
+    return todos

@@ -1,0 +1,68 @@
+"""``<!-- grading: tests/test_NN_*.py -->``: the table of a lesson's graded tests, read with
+the grader's own rules (course/grader/rules.py)."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+
+from course.grader.rules import GradedTest, collect_graded_tests, describe
+from directives.common import ROOT
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def _runs_on(t: GradedTest) -> str:
+    if t.backend:
+        return f"CPU + {t.gpus or 2} GPUs"
+    if t.gpus:
+        return f"{t.gpus} GPU{'s' if t.gpus > 1 else ''}"
+    return "CPU"
+
+
+def _breakable(name: str) -> str:
+    """A test name as code that may wrap after underscores instead of mid-word."""
+    return "<code>" + name.replace("_", "_<wbr>") + "</code>"
+
+
+def render_grading(pattern: str, root: Path = ROOT) -> str:
+
+    paths = sorted(Path(p) for p in glob.glob(str(root / pattern)))
+    if not paths:
+        raise PluginError(f"grading: no test file matches {pattern!r}")
+    rows, cpu_total, total = [], 0.0, 0.0
+    for path in paths:
+        for t in collect_graded_tests(path):
+            what = " ".join(t.doc.split()) or describe(t.name)
+            if "core" in t.markers:
+                what += " *(core)*"
+            max_points = t.worth * t.total_cases
+            total += max_points
+            if t.backend:
+                cpu_total += t.worth * t.cases
+            elif not t.gpus:
+                cpu_total += max_points
+            rows.append(
+                f"| {_breakable(t.name)} | {what} | {_fmt(t.worth)} | {t.total_cases} "
+                f"| {_fmt(max_points)} | {_runs_on(t)} |"
+            )
+    if not rows:
+        raise PluginError(f"grading: {pattern!r} has no test functions")
+    files = ", ".join(f"`{p.relative_to(root).as_posix()}`" for p in paths)
+    return (
+        f"Generated from {files} when this page was built.\n\n"
+        '<div class="grading" markdown>\n\n'
+        "| Test | What it checks | Points each | Cases | Max | Runs on |\n"
+        "| --- | --- | ---: | ---: | ---: | --- |\n"
+        + "\n".join(rows)
+        + f"\n| **Total** | **{_fmt(cpu_total)}** of them on a CPU-only machine | | "
+        f"| **{_fmt(total)}** | |\n\n</div>\n\n"
+        "Each case of a test (one per parameter, and per backend for distributed tests) earns "
+        "its points only if it passes. Cases that need GPUs the machine lacks are skipped and "
+        "count neither way, so a laptop grades out of the CPU total. Tests marked *core* are "
+        "the ones every unsolved starter must fail.\n"
+    )

@@ -1,0 +1,193 @@
+"""Measured figures on the pages, each rendered from its JSON record: recorded outputs
+(``<!-- output: -->``, ``[[fact:]]``), result tables, ``course bench`` tables and plots,
+bandwidth tables, the lessons' sizes, and the inline ``[[todo:]]`` and ``[[bench:]]`` references."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+
+from course.tools.bench import render
+from directives.common import ROOT, lesson_todos, read_record
+
+
+def _flatten(record: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def render_results(folder: str, root: Path = ROOT) -> str:
+    """One table row per JSON record in a folder, with speed-up and efficiency when
+    the records carry `world_size` and `samples_per_s`."""
+    paths = sorted((root / folder).glob("*.json"))
+    if not paths:
+        raise PluginError(f"results: no *.json records in {folder!r}")
+    rows = []
+    for path in paths:
+        try:
+            rows.append(_flatten(json.loads(path.read_text(encoding="utf-8"))))
+        except (json.JSONDecodeError, AttributeError) as exc:
+            rel = path.relative_to(root)
+            raise PluginError(f"results: {rel} is not a JSON object: {exc}") from exc
+    rows.sort(key=lambda r: (r.get("world_size", 0), str(r.get("backend", ""))))
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    base = next((r for r in rows if r.get("world_size") == 1 and "samples_per_s" in r), None)
+    if base is not None:
+        for row in rows:
+            if "samples_per_s" in row and "world_size" in row:
+                speedup = row["samples_per_s"] / base["samples_per_s"]
+                row["speed-up"] = f"{speedup:.2f}×"
+                row["efficiency"] = f"{speedup / row['world_size']:.0%}"
+        columns += ["speed-up", "efficiency"]
+    head = "| " + " | ".join(columns) + " |\n| " + " | ".join("---" for _ in columns) + " |\n"
+    body = "\n".join("| " + " | ".join(_cell(r.get(c, "")) for c in columns) + " |" for r in rows)
+    return f"{head}{body}\n\n*{len(rows)} records from `{folder}`.*\n"
+
+
+def _bench_docs(paths: list[Path], root: Path) -> list[dict]:
+    docs = []
+    for path in paths:
+        try:
+            docs.append(render.load(path))
+        except (ValueError, OSError) as exc:  # JSONDecodeError is a ValueError
+            raise PluginError(f"bench: {path.relative_to(root)}: {exc}") from exc
+    return docs
+
+
+def render_bench_table(path: str, root: Path = ROOT) -> str:
+    """A `course bench` record as the command printed it: title, table, provenance, commands."""
+    if not (root / path).is_file():
+        raise PluginError(f"bench-table: no such file {path!r}")
+    (doc,) = _bench_docs([root / path], root)
+    commands = "\n".join(f"    {r['command']}" for r in doc["rows"])
+    return (
+        f"**{render.title(doc)}**\n\n{render.table(doc, markdown=True)}\n\n"
+        f"*Measured {render.provenance_line(doc)} by `{doc['provenance']['command']}`; "
+        f"record: `{path}`.*\n\n"
+        f'??? note "The launches behind each row"\n\n    ```text\n{commands}\n    ```\n'
+    )
+
+
+def render_bench_plot(folder: str, root: Path = ROOT) -> str:
+    """The plot of every record in a folder, or of one record (a .json path)."""
+    target = root / folder
+    paths = [target] if target.is_file() else sorted(target.glob("*.json"))
+    if not paths:
+        raise PluginError(f"bench-plot: no *.json records in {folder!r}")
+    return render.plot_html(_bench_docs(paths, root)) + "\n"
+
+
+# Not inside `code`: a page may show the syntax itself.
+INLINE = re.compile(r"(?<!`)\[\[(?P<kind>fact|todo|bench):(?P<a>[\w./-]+):(?P<b>[\w./-]+)\]\](?!`)")
+
+
+def render_output(name: str) -> str:
+    doc = read_record(name)
+    prov = doc["provenance"]
+    body = "\n".join(["```text", f"$ {doc['shown']}", doc["output"], "```"])
+    note = (
+        f"*Recorded by `{prov['command']} {name}` on {prov['date']}: PyTorch {prov['torch']}, "
+        f"Python {prov['python']}, {prov['machine']}. Timings vary from run to run; the "
+        f"other figures are checked against the reference by the test suite.*"
+    )
+    return f"{body}\n\n{note}"
+
+
+def render_bench_figure(record: str, spec: str, root: Path = ROOT) -> str:
+    """[[bench:FOLDER/FILE:KEY.FIELD]]: one figure of one row of a `course bench` record
+    under docs/results (FILE without .json), e.g. [[bench:08_performance/b128:08.efficiency]];
+    KEY.FIELD/KEY.FIELD is the ratio of two figures of the same record (one decimal), and a
+    list (window_samples_per_s) shows as its range."""
+    path = root / "docs" / "results" / f"{record}.json"
+    if not path.is_file():
+        raise PluginError(f"[[bench:{record}:{spec}]]: no record docs/results/{record}.json")
+    (doc,) = _bench_docs([path], root)
+
+    def figure(part: str) -> float:
+        key, _, name = part.rpartition(".")
+        row = next((r for r in doc["rows"] if r["key"] == key), None)
+        if row is None or name not in row:
+            keys = [r["key"] for r in doc["rows"]]
+            raise PluginError(f"[[bench:{record}:{spec}]]: no row/field {part} (rows: {keys})")
+        return row[name]
+
+    if "/" in spec:
+        top, bottom = spec.split("/", 1)
+        return f"{figure(top) / figure(bottom):.1f}"
+    value = figure(spec)
+    if isinstance(value, list):  # a row's timed windows: their range
+        return f"{min(value):,.0f} to {max(value):,.0f}"
+    return f"{value:,.0f}" if isinstance(value, float) and value >= 100 else str(value)
+
+
+def render_inline(m: re.Match) -> str:
+    kind, a, b = m.group("kind"), m.group("a"), m.group("b")
+    if kind == "bench":
+        return render_bench_figure(a, b)
+    if kind == "fact":
+        facts = read_record(a)["facts"]
+        if b not in facts:
+            raise PluginError(f"record {a!r} has no fact {b!r} (it has {sorted(facts)})")
+        return facts[b]
+    todos = lesson_todos(f"[[todo:{a}:{b}]]", a)
+    if not b.isdigit() or not 1 <= int(b) <= len(todos):
+        raise PluginError(f"[[todo:{a}:{b}]]: lesson {a} has {len(todos)} TODOs")
+    return todos[int(b) - 1]["id"]
+
+
+def render_bandwidth_table(path: str, limit: str | None = None, root: Path = ROOT) -> str:
+    """A `python -m course bandwidth` record as a table, with its provenance; `limit`:
+    the link's rated GB/s per direction, which the page names and sources."""
+    bandwidth = importlib.import_module("course.tools.bandwidth")
+    try:
+        doc = json.loads((root / path).read_text())
+    except (OSError, ValueError) as exc:
+        raise PluginError(f"bandwidth-table: cannot read {path!r}: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("kind") != bandwidth.KIND:
+        raise PluginError(f"bandwidth-table: {path!r} is not a `course bandwidth` record")
+    try:
+        rated = float(limit) if limit else None
+    except ValueError:
+        raise PluginError(f"bandwidth-table: limit {limit!r} is not a number (GB/s)") from None
+    return (
+        f"{bandwidth.table(doc, True, rated)}\n\n"
+        f"*Measured {bandwidth.provenance_line(doc)} "
+        f"by `{doc['provenance']['command']}`; record: `{path}`.*\n"
+    )
+
+
+def render_sizes(root: Path = ROOT) -> str:
+    """`python -m course sizes` as a table: code lines and changes of every solution."""
+    sizes = importlib.import_module("course.tools.sizes")
+    rows = sizes.measure(root / "solutions")
+    out = [
+        "| lesson | file | lines | code lines | builds on | changed code lines | page diff |",
+        "| --- | --- | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for r in rows:
+        on, changed, page = (r.builds_on, r.changed, r.page_diff) if r.builds_on else "–––"
+        cells = [r.lesson, r.path.replace("/", "/&#8203;"), r.lines, r.code, on, changed, page]
+        out.append("| " + " | ".join(map(str, cells)) + " |")
+    out.append("")
+    out.append(
+        f"Targets: at most {sizes.MAX_CODE_LINES} code lines a solution, and at most "
+        f"{sizes.MAX_CHANGED} code lines added plus removed against the lesson it builds on "
+        "(`tests/test_course_sizes.py` fails past them)."
+    )
+    return "\n".join(out) + "\n"

@@ -1,0 +1,144 @@
+"""The layout of course/ and its import rules (the map is in course/__init__.py).
+
+- lessons import only the top level of course/ (what they share);
+- the top level imports nothing from grader/, probes/ or tools/;
+- the probes import nothing heavy when they load: they run inside every launched
+  process, before the lesson's own first line;
+- no import cycles among the course's modules;
+- the diagram of docs/contributing.md shows exactly the folders' imports.
+
+Read from the source (ast), so a test run imports none of it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COURSE = ROOT / "course"
+FOLDERS = ("grader", "probes", "tools")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(COURSE.rglob("*.py")) if "_site" not in p.parts}
+
+
+def imports(path: Path) -> set[str]:
+    """Every course module `path` imports, anywhere in the file (lazy imports too)."""
+    known = modules()
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found |= {n for n in names if n in known}
+    return found
+
+
+def folder(module: str) -> str:
+    """ "top", or the folder below course/ that holds `module`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in FOLDERS) else "top"
+
+
+def test_lessons_import_only_the_top_level():
+    scripts = sorted([*ROOT.glob("solutions/*/*.py"), *ROOT.glob("lessons/*/*.py")])
+    assert scripts
+    wrong = {
+        str(p.relative_to(ROOT)): sorted(m for m in imports(p) if folder(m) != "top")
+        for p in scripts
+    }
+    wrong = {k: v for k, v in wrong.items() if v}
+    assert not wrong, f"lessons import from course's sub-packages: {wrong}"
+
+
+def test_the_top_level_imports_nothing_below_it():
+    # course/__main__.py is the entry point of `python -m course`, the tools' front door.
+    top = {m: p for m, p in modules().items() if folder(m) == "top" and m != "course.__main__"}
+    wrong = {m: sorted(i for i in imports(p) if folder(i) != "top") for m, p in top.items()}
+    wrong = {k: v for k, v in wrong.items() if v}
+    assert not wrong, f"top-level modules import the grader, probes or tools: {wrong}"
+
+
+def test_probes_import_nothing_heavy_when_they_load():
+    probes = sorted(m for m in modules() if folder(m) == "probes")
+    code = (
+        "import importlib, sys\n"
+        f"for m in {probes!r}: importlib.import_module(m)\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'pytest') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"importing the probes loaded {out.stdout.strip()}"
+
+
+def test_no_import_cycles():
+    graph = {m: imports(p) - {m} for m, p in modules().items()}
+    # A package imports its own submodules when they are named in `from pkg import sub`;
+    # that is the package reading its parts, not a part needing the whole package back.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                cycle = stack[stack.index(n) :] + [n]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+EDGE = re.compile(r"^\s*(\w+)\s*-->\s*(\w+)\s*$", re.M)
+
+
+def test_the_contributing_diagram_shows_the_folders_imports():
+    edges = set()
+    for m, p in modules().items():
+        if m == "course.__main__":  # the entry point (see above)
+            continue
+        for i in imports(p):
+            a, b = folder(m), folder(i)
+            if a != b:
+                edges.add((a, b))
+    page = (ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
+    block = re.search(r"```mermaid\n(flowchart[^`]*?course layout[^`]*?)```", page, re.S)
+    assert block, "docs/contributing.md has no mermaid flowchart of the course layout"
+    drawn = set(EDGE.findall(block.group(1)))
+    assert drawn == edges, (
+        f"the diagram draws {sorted(drawn)}; the imports are {sorted(edges)}. "
+        "Redraw it (docs/contributing.md, 'Where things go')"
+    )
+
+
+def test_no_module_over_300_lines_without_a_reason_at_its_top():
+    """A long file says why it is one file ("Over 300 lines, on purpose: ...")."""
+    files = [*COURSE.rglob("*.py"), *(ROOT / "docs" / "hooks").rglob("*.py")]
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in files
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 300
+        and "Over 300 lines, on purpose" not in (ast.get_docstring(ast.parse(p.read_text())) or "")
+    }
+    assert not long, f"files over 300 lines without a reason at their top: {long}"
