@@ -59,8 +59,10 @@ def apply(tmp_path: Path, file: str, case: dict) -> Path:
     shutil.copytree(REPO_ROOT / "solutions" / folder, impl / folder)
     target = impl / file
     source = target.read_text()
-    assert source.count(case["old"]) == 1, f"{case['name']}: `old` must occur once in {file}"
-    target.write_text(source.replace(case["old"], case["new"]))
+    for edit in [case, *case.get("also", ())]:  # `also`: more edits of the same submission
+        assert source.count(edit["old"]) == 1, f"{case['name']}: `old` must occur once in {file}"
+        source = source.replace(edit["old"], edit["new"])
+    target.write_text(source)
     return impl
 
 
@@ -100,7 +102,10 @@ def test_every_todo_has_a_mutant_and_every_case_applies_once():
         source = (REPO_ROOT / "solutions" / module.FILE).read_text()
         lessons_seen.add(module.FILE.split("/")[0])
         for case in [*module.MUTANTS, *module.ALTERNATIVES]:
-            assert source.count(case["old"]) == 1, f"{path.name}: {case['name']}: `old` not unique"
+            for edit in [case, *case.get("also", ())]:
+                assert source.count(edit["old"]) == 1, (
+                    f"{path.name}: {case['name']}: `old` not unique"
+                )
         starts = [source.index(case["old"]) for case in module.MUTANTS]
         for first, last in todo_blocks(source):
             hit = any(first <= at < last for at in starts) or any(

@@ -80,8 +80,12 @@ MUTANTS = [
 
 ALTERNATIVES = [
     dict(
-        name="buckets_never_exceed_the_cap",
-        why="a new bucket starts when the next parameter would overflow the cap",
+        # Two honest rewrites of different TODOs in one submission: one grading of the whole
+        # lesson passes both (every test runs on each of them).
+        name="own_bucketing_and_sending",
+        why="a new bucket starts when the next parameter would overflow the cap; and no "
+        "in-order queue: a bucket is sent the moment its last gradient arrives (the same "
+        "order on every rank, since backward runs the same graph)",
         old="""        size = 0.0
         for param in reversed(trainable):
             if not self.buckets or cap is None or size >= cap:
@@ -99,22 +103,21 @@ ALTERNATIVES = [
             self.buckets[-1].append(param)
             size += nbytes
 """,
-    ),
-    dict(
-        name="each_bucket_sent_when_full",
-        why="no in-order queue: a bucket is sent the moment its last gradient arrives "
-        "(the same order on every rank, since backward runs the same graph)",
-        old="""        self._arrived[index] += 1
+        also=[
+            dict(
+                old="""        self._arrived[index] += 1
         while self._next < len(self.buckets) and self._arrived[self._next] == len(
             self.buckets[self._next]
         ):
             bucket = self.buckets[self._next]
             self._next += 1
 """,
-        new="""        self._arrived[index] += 1
+                new="""        self._arrived[index] += 1
         if self._arrived[index] == len(self.buckets[index]):
             bucket = self.buckets[index]
             self._next += 1
 """,
+            )
+        ],
     ),
 ]
