@@ -346,7 +346,7 @@ def test_bench_records_become_tables_and_a_plot_at_build_time(site):
     assert records, "no course bench records in docs/results/scaling_2xh200"
     html = (site.path / "results" / "index.html").read_text(encoding="utf-8")
     plots = (DOCS / "results.md").read_text(encoding="utf-8").count("<!-- bench-plot:")
-    assert html.count('class="course-plot"') == plots and "data:image/png;base64," in html
+    assert html.count('class="course-plot"') == plots and "data:image/svg+xml;base64," in html
     for path in records:
         doc = render.load(path)
         assert doc["provenance"]["command"] in html

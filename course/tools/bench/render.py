@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import textwrap
 from pathlib import Path
 
 KIND = "course-bench"  # a record's "kind": what `load` accepts
@@ -75,10 +76,17 @@ def provenance_line(doc: dict) -> str:
     return ", ".join(parts)
 
 
+# Every text of the plot, in points: the site shows it at about its own size.
+TEXT_PT = 10
+
+
 def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> bytes:
     """Throughput and scaling efficiency of every row, one colour per record; returns the image.
 
-    matplotlib: the de-facto plotting library, and the one a student already has.
+    Each bar is the row's median window; the dots on it are every timed window, so the
+    spread shows beside the median. The background is transparent (the site recolours
+    the SVG for its dark scheme). matplotlib: the de-facto plotting library, and the one
+    a student already has.
     """
     import matplotlib
 
@@ -86,51 +94,52 @@ def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> 
     import matplotlib.pyplot as plt
 
     keys = list(dict.fromkeys(r["key"] for doc in docs for r in doc["rows"] if r["ok"]))
-    labels = {
-        r["key"]: f"{r['lesson']} {r['mode']}".replace(", ", ",\n") for d in docs for r in d["rows"]
+    labels = {  # wrapped, so that neighbouring labels never run into each other
+        r["key"]: textwrap.fill(f"{r['lesson']} {r['mode']}", 11, break_long_words=False)
+        for d in docs
+        for r in d["rows"]
     }
     pkeys = [key for key in keys if not key.startswith("01")]  # efficiency: parallel rows
     many = len(keys) > 8  # lesson 08's variants: slanted labels, a wider figure
-    fig, (left, right) = plt.subplots(1, 2, figsize=(max(12, 0.8 * len(keys)), 4.6 + many))
-    width = 0.8 / max(len(docs), 1)
-    offset = (len(docs) - 1) * width / 2  # from a group's first bar to its centre
-    for i, doc in enumerate(docs):
-        rows = {r["key"]: r for r in doc["rows"] if r["ok"]}
-        name = title(doc).split(" per GPU")[0]
-        shown = [key for key in keys if key in rows]
-        bars = left.bar(
-            [keys.index(k) + i * width for k in shown],
-            [rows[k]["samples_per_s"] for k in shown],
-            width,
-            label=name,
+    size = (max(14, 1.5 * len(keys) + 4), 5.6 + 1.2 * many)
+    with plt.rc_context({"font.size": TEXT_PT, "svg.fonttype": "none"}):
+        fig, (left, right) = plt.subplots(1, 2, figsize=size)
+        width = 0.8 / max(len(docs), 1)
+        offset = (len(docs) - 1) * width / 2  # from a group's first bar to its centre
+        for i, doc in enumerate(docs):
+            rows = {r["key"]: r for r in doc["rows"] if r["ok"]}
+            name = title(doc).split(" per GPU")[0]
+            shown = [key for key in keys if key in rows]
+            where = [keys.index(k) + i * width for k in shown]
+            bars = left.bar(where, [rows[k]["samples_per_s"] for k in shown], width, label=name)
+            left.bar_label(bars, fmt="{:,.0f}", padding=2)
+            for x, key in zip(where, shown, strict=True):
+                windows = rows[key].get("window_samples_per_s") or []
+                left.plot([x] * len(windows), windows, "o", ms=3, color="black", alpha=0.6)
+            shown = [key for key in pkeys if key in rows and "efficiency" in rows[key]]
+            bars = right.bar(
+                [pkeys.index(k) + i * width for k in shown],
+                [rows[k]["efficiency"] for k in shown],
+                width,
+            )
+            right.bar_label(bars, fmt="{:.2f}", padding=2)
+        slant = dict(rotation=35, ha="right") if many else {}
+        left.set_xticks([k + offset for k in range(len(keys))], [labels[k] for k in keys], **slant)
+        left.set_ylabel("images / s (bar: median window; dots: every window)")
+        left.set_title("Throughput")
+        left.margins(y=0.12)
+        right.set_xticks(
+            [k + offset for k in range(len(pkeys))], [labels[k] for k in pkeys], **slant
         )
-        left.bar_label(bars, fmt="{:,.0f}", fontsize=7, padding=2)
-        shown = [key for key in pkeys if key in rows and "efficiency" in rows[key]]
-        bars = right.bar(
-            [pkeys.index(k) + i * width for k in shown],
-            [rows[k]["efficiency"] for k in shown],
-            width,
-        )
-        right.bar_label(bars, fmt="{:.2f}", fontsize=7, padding=2)
-    slant = dict(rotation=35, ha="right") if many else {}
-    left.set_xticks(
-        [k + offset for k in range(len(keys))], [labels[k] for k in keys], fontsize=7, **slant
-    )
-    left.set_ylabel("images / s (median window)")
-    left.set_title("Throughput")
-    left.margins(y=0.12)
-    right.set_xticks(
-        [k + offset for k in range(len(pkeys))], [labels[k] for k in pkeys], fontsize=7, **slant
-    )
-    right.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    right.set_ylim(0, 1.15)
-    right.set_ylabel("throughput / (GPUs x one device)")
-    right.set_title("Scaling efficiency")
-    fig.legend(loc="lower center", ncol=max(len(docs), 1), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format=fmt, dpi=110)
-    plt.close(fig)
+        right.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        right.set_ylim(0, 1.15)
+        right.set_ylabel("throughput / (GPUs x one device)")
+        right.set_title("Scaling efficiency")
+        fig.legend(loc="lower center", ncol=max(len(docs), 1), frameon=False)
+        fig.tight_layout(rect=(0, 0.07, 1, 1))
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format=fmt, dpi=200, transparent=True)
+        plt.close(fig)
     image = buffer.getvalue()
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -139,10 +148,10 @@ def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> 
 
 
 def plot_html(docs: list[dict]) -> str:
-    """The plot as an <img> with the PNG inline, for the course site."""
-    data = base64.b64encode(plot(docs)).decode()
-    alt = "Throughput and scaling efficiency"
-    return f'<img class="course-plot" alt="{alt}" src="data:image/png;base64,{data}">'
+    """The plot as an inline SVG image, for the course site (course.css recolours it dark)."""
+    data = base64.b64encode(plot(docs, fmt="svg")).decode()
+    alt = "Throughput (median and every window) and scaling efficiency"
+    return f'<img class="course-plot" alt="{alt}" src="data:image/svg+xml;base64,{data}">'
 
 
 def load(path: str | Path) -> dict:
