@@ -31,6 +31,7 @@ def write(path: str | Path, fill: Callable[[BinaryIO], object]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # as open() would make it: mkstemp's is 0600
         with os.fdopen(fd, "wb") as f:
             fill(f)
             f.flush()
@@ -47,6 +48,15 @@ def write_json(data, path: str | Path, indent: int = 2) -> Path:
     """`data` as JSON (a final newline), written atomically."""
     text = json.dumps(data, indent=indent) + "\n"
     return write(path, lambda f: f.write(text.encode()))
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it: once, when the module loads
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
 
 
 def _fsync_dir(folder: Path) -> None:

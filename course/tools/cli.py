@@ -12,6 +12,7 @@ python -m course doctor                    # the reference environment report
 python -m course release [--check]         # regenerate lessons/ from solutions/
 python -m course record [NAME ...]         # re-record the outputs the pages show
 python -m course durations runs/suite.xml  # the suite's seconds by file and kind (--junitxml)
+python -m course timeline --out t.json     # backward and DDP's all-reduces on one time axis
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="time the lessons' own training side by side", add_help=False)
     sub.add_parser("record", help="record the reference outputs the site shows", add_help=False)
     sub.add_parser("bandwidth", help="all_reduce bandwidth by message size", add_help=False)
+    sub.add_parser("timeline", help="one DDP step's backward and all-reduces", add_help=False)
     sub.add_parser(
         "durations", help="the test suite's seconds by file and kind, from a JUnit file",
         add_help=False,
@@ -202,6 +204,14 @@ def main(argv: list[str] | None = None) -> int:
             return bandwidth.main(argv[1:])
         except ValueError as err:
             print(f"python -m course bandwidth: error: {err}", file=sys.stderr)
+            return 2
+    if argv[:1] == ["timeline"]:
+        from course.tools import timeline
+
+        try:
+            return timeline.main(argv[1:])
+        except ValueError as err:
+            print(f"python -m course timeline: error: {err}", file=sys.stderr)
             return 2
     if argv[:1] == ["durations"]:
         from course.tools import durations

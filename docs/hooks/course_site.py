@@ -29,6 +29,8 @@ and it is left alone inside a fenced code block:
     output, and where and when it ran. Inline, ``[[fact:NAME:KEY]]`` quotes
     one figure of a record (final_accuracy, steps, ...), and
     ``[[todo:NN:K]]`` the location of lesson NN's K-th TODO in its starter.
+``<!-- timeline: docs/results/FOLDER/FILE.json -->``
+    A ``python -m course timeline`` record: backward and all-reduce on one time axis.
 ``<!-- bench-plot: docs/results/FOLDER -->``
     The plot of every ``course bench`` record in that folder (or of one record:
     a FILE.json path), drawn at build time. Inline, ``[[bench:FOLDER/FILE:KEY.FIELD]]``
@@ -64,6 +66,7 @@ from directives.records import (  # noqa: E402
     render_output,
     render_results,
     render_sizes,
+    render_timeline,
 )
 from directives.snippets import find_mermaid_js, render_diff  # noqa: E402
 from directives.solutions import expand_snippets  # noqa: E402
@@ -104,11 +107,13 @@ def expand(markdown: str, src_uri: str) -> str:
                 return render_hints(args[0])
             if name == "output" and len(args) == 1:
                 return render_output(args[0])
+            if name == "timeline" and len(args) == 1:
+                return render_timeline(args[0])
         except PluginError as exc:
             raise PluginError(f"{src_uri}: {exc}") from exc
         known = {"diff", "grading", "lesson-card", "lessons-table", "results-table", "sizes"}
         known |= {"bandwidth-table"}
-        if name in known | {"bench-table", "bench-plot", "hints", "output"}:
+        if name in known | {"bench-table", "bench-plot", "hints", "output", "timeline"}:
             raise PluginError(f"{src_uri}: malformed directive {m.group(0)!r}")
         return m.group(0)
 

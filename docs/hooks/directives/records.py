@@ -4,6 +4,7 @@ bandwidth tables, the lessons' sizes, and the inline ``[[todo:]]`` and ``[[bench
 
 from __future__ import annotations
 
+import base64
 import importlib
 import importlib.util
 import json
@@ -191,3 +192,25 @@ def render_sizes(root: Path = ROOT) -> str:
         "(`tests/test_course_sizes.py` fails past them)."
     )
     return "\n".join(out) + "\n"
+
+
+def render_timeline(path: str, root: Path = ROOT) -> str:
+    """A `python -m course timeline` record: its figure, the overlap it measured, and where
+    it ran; the record itself is a Chrome trace, linked for Perfetto."""
+    from course.tools import timeline
+
+    try:
+        doc = timeline.load(root / path)
+    except (ValueError, OSError) as exc:
+        raise PluginError(f"timeline: {path}: {exc}") from exc
+    svg = base64.b64encode(timeline.render(doc, fmt="svg")).decode()
+    stats, prov = doc["overlap"], doc["provenance"]
+    return (
+        f'<img class="course-plot" alt="backward and all-reduce timeline" '
+        f'src="data:image/svg+xml;base64,{svg}">\n\n'
+        f"*{stats['all_reduces']} all-reduces, {stats['all_reduce_ms']} ms in all, "
+        f"{stats['during_backward']:.0%} of it during the {stats['backward_ms']} ms of backward. "
+        f"Measured on {prov['device']}, torch {prov['torch']}, {prov['date']}, by "
+        f"`{prov['command']}`. The record `{path}` is a Chrome trace: open it in "
+        "[Perfetto](https://ui.perfetto.dev) to zoom in.*\n"
+    )
