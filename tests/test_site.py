@@ -496,3 +496,10 @@ def test_a_diff_to_a_solution_is_folded_and_left_out_of_the_instructor_build(mon
     monkeypatch.setenv("COURSE_SITE_SOLUTIONS", "0")
     left_out = snippets.render_diff(old, new)
     assert "```diff" not in left_out and "not in this build" in left_out
+
+
+def test_diagram_sources_stay_out_of_the_search_index(site):
+    """Search previews show sentences, never a diagram's mermaid source."""
+    index = (site.path / "search" / "search_index.json").read_text(encoding="utf-8")
+    for word in ("sequenceDiagram", "flowchart LR", "participant "):
+        assert word not in index, f"the search index holds diagram source ({word!r})"

@@ -155,5 +155,11 @@ def on_files(files, config):
     return files
 
 
+def on_page_content(html, page, config, files):
+    """Diagram sources stay out of the search index (Material's search skips elements
+    marked data-search-exclude): a preview would show raw mermaid, not a sentence."""
+    return html.replace('<pre class="mermaid">', '<pre class="mermaid" data-search-exclude>')
+
+
 def on_page_markdown(markdown, page, config, files):
     return expand(markdown, page.file.src_uri)
