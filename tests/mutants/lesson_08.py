@@ -103,8 +103,11 @@ MUTANTS = [
 
 ALTERNATIVES = [
     dict(
-        name="summed_loss_divided_gradients",
-        why="the losses are summed and the gradients divided by k just before the step",
+        # Two honest rewrites in one submission (different lines of the TODO): one grading
+        # of the whole lesson passes both.
+        name="summed_loss_divided_gradients_and_exit_stack",
+        why="the losses are summed and the gradients divided by k just before the step; and "
+        "no_sync entered through an ExitStack, the step counted by a modulo",
         old=_BACKWARD
         + """        if last:
             scaler.step(optimizer)  # skips the step if a gradient overflowed (fp16)
@@ -116,14 +119,14 @@ ALTERNATIVES = [
                     p.grad /= args.accumulate
             scaler.step(optimizer)
 """,
-    ),
-    dict(
-        name="exit_stack",
-        why="no_sync entered through an ExitStack, the step counted by a modulo",
-        old=_SYNCED,
-        new="""        with contextlib.ExitStack() as stack:
+        also=[
+            dict(
+                old=_SYNCED,
+                new="""        with contextlib.ExitStack() as stack:
             if (i + 1) % args.accumulate and i + 1 != len(loader):
                 stack.enter_context(model.no_sync())
 """,
+            )
+        ],
     ),
 ]
