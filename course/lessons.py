@@ -29,6 +29,8 @@ class Lesson:
     summary: str
     # The lesson whose script this one extends: its page shows the diff against it.
     builds_on: str | None = None
+    # A lesson of several small scripts (09): all of them, `script` first.
+    exercises: tuple[str, ...] = ()
 
     @property
     def distributed(self) -> bool:
@@ -36,6 +38,11 @@ class Lesson:
 
     def path(self, impl_dir: Path) -> Path:
         return Path(impl_dir) / self.slug / self.script
+
+    def exercise(self, name: str) -> str | None:
+        """The script of exercise `name` ("hang" or "hang.py"), or None."""
+        wanted = name.removesuffix(".py") + ".py"
+        return wanted if wanted in self.exercises else None
 
 
 LESSONS: tuple[Lesson, ...] = (
@@ -123,6 +130,17 @@ LESSONS: tuple[Lesson, ...] = (
         launcher="spawn",
         summary="no_sync accumulation, mixed precision, DDP's options and data loading, measured.",
         builds_on="03",
+    ),
+    Lesson(
+        number="09",
+        slug="09_debugging",
+        title="Debugging",
+        level="advanced",
+        script="oom.py",
+        launcher="python",
+        summary="Broken scripts to diagnose and fix: out of memory, unused parameters, a hang, "
+        "silent wrong results.",
+        exercises=("oom.py", "unused.py", "hang.py", "silent.py"),
     ),
 )
 

@@ -279,6 +279,8 @@ def child_env(
     # The caller's pytest options (a --junitxml for the suite, say) are not the grade's:
     # a nested grading gets only the options its command line gives.
     env.pop("PYTEST_ADDOPTS", None)
+    for key in [key for key in env if key.startswith("PYTEST_XDIST_")]:
+        del env[key]  # a child is never the suite's xdist worker (see can_fork)
     # The lesson scripts import `course`; make that work for a student folder
     # anywhere on disk and on machines where the package is not pip-installed.
     # SITE_DIR's sitecustomize installs the grader's probes (course/probes/__init__.py),
@@ -449,12 +451,19 @@ def run_torchrun(*, fresh: Callable[[], None] | None = None, **kwargs) -> RunRes
 
 def can_fork() -> bool:
     """Whether `forked` may be used here: Linux, one thread (a fork keeps only the calling
-    thread, and a lock another thread held stays held in the child), and no
-    COURSE_CHILD_USER to switch to (a fork would keep the grader's user)."""
+    thread, and a lock another thread held stays held in the child), no
+    COURSE_CHILD_USER to switch to (a fork would keep the grader's user), and not an
+    xdist worker. A worker talks to its controller through descriptors that the child
+    closes; files and sockets the child opens then take their numbers, and what the
+    inherited worker code sends its controller (a warning, a log record) lands in them.
+    Measured: a gloo rank of lesson 09's case script, forked from a worker's fork, died of
+    SIGBUS in every run (never outside xdist), and passed once the child dropped the
+    inherited logging handlers and warning hook."""
     return (
         sys.platform.startswith("linux")
         and threading.active_count() == 1
         and not os.environ.get(CHILD_USER_ENV)
+        and not os.environ.get("PYTEST_XDIST_WORKER")
     )
 
 
@@ -473,6 +482,12 @@ def _child_exit(fn: Callable[[], object], out: int, cwd: str | Path | None) -> N
         # pytest's capture replaced sys.stdout and sys.stderr: write to the fds again.
         sys.stdout = open(1, "w", buffering=1, errors="replace", closefd=False)
         sys.stderr = open(2, "w", buffering=1, errors="replace", closefd=False)
+        import faulthandler
+
+        # pytest enables faulthandler on a copy of its stderr, a descriptor closed above:
+        # a later file can take its number, and a crash report would land in that file.
+        if faulthandler.is_enabled():
+            faulthandler.enable(file=sys.stderr)
         if cwd is not None:
             os.chdir(cwd)
         result = fn()

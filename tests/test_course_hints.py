@@ -21,14 +21,27 @@ def hint_command(*args, cwd=REPO_ROOT):
 
 
 def test_every_lesson_ships_its_hints_next_to_the_starter():
+    """Every TODO of every starter file is in hints.json with its goal and two hints or
+    more: a `raise NotImplementedError` names its TODO, and a planted bug (lesson 09)
+    starts at the line its TODO names."""
     assert [lesson.number for lesson in WITH_TODOS] == [x.number for x in lessons.LESSONS]
     for lesson in WITH_TODOS:
-        starter = lesson.path(REPO_ROOT / "lessons").read_text()
-        assert "# HINT" not in starter, f"lesson {lesson.number}: hints leaked into the starter"
+        folder = lesson.path(REPO_ROOT / "lessons").parent
+        files = {f"{lesson.slug}/{name}": (folder / name).read_text()
+                 for name in (lesson.exercises or (lesson.script,))}  # fmt: skip
         todos = hints.todos(lesson)
-        assert len(todos) == starter.count('raise NotImplementedError("TODO at')
+        raises = sum(text.count('raise NotImplementedError("TODO at') for text in files.values())
+        assert len(todos) == raises + sum(1 for todo in todos if todo.get("bug"))
         for todo in todos:
-            assert todo["goal"] and todo["id"] in starter, todo
+            name, line = todo["id"].removeprefix("TODO at ").rsplit(":", 1)
+            starter = files[name]
+            assert "# HINT" not in starter, f"{name}: hints leaked into the starter"
+            assert todo["goal"], todo
+            if todo.get("bug"):
+                at = starter.splitlines()[int(line) - 1].strip()
+                assert at == todo["bug"][0], f"{todo['id']}: the bug starts with {at!r}"
+            else:
+                assert todo["id"] in starter, todo
             assert len(todo["hints"]) >= 2, f"{todo['id']}: give at least two hints"
 
 

@@ -39,6 +39,53 @@ def test_blocks_become_todos_that_raise_at_their_own_line():
         exec(compile(starter, "demo.py", "exec"), {})
 
 
+BUGGY = """def mean(xs):
+    # TODO: the mean, not the sum.
+    # HINT 1: divide by the count.
+    ### BEGIN BUG
+    #| return sum(xs)
+    ### FIX
+    # the count, once
+    return sum(xs) / len(xs)
+    ### END BUG
+"""
+
+
+def test_a_bug_block_gives_the_starter_the_broken_code_and_the_solution_the_fix():
+    """Lesson 09's exercises: the starter runs the broken lines, the site's solution shows
+    only the fix, and the TODO (with its hint and broken lines) points at the first one."""
+    starter, todos = release.convert(BUGGY, "demo.py")
+    assert "    return sum(xs)\n" in starter and "len(xs)" not in starter
+    assert "### " not in starter and "# HINT" not in starter
+    scope: dict = {}
+    exec(compile(starter, "demo.py", "exec"), scope)
+    assert scope["mean"]([1, 2, 3]) == 6  # the bug, as the student meets it
+    line = starter.splitlines().index("    return sum(xs)") + 1
+    assert todos == [
+        {"id": f"TODO at demo.py:{line}", "goal": "the mean, not the sum.",
+         "hints": ["divide by the count."], "bug": ["return sum(xs)"]}
+    ]  # fmt: skip
+    view = release.solution_view(BUGGY)
+    assert view.splitlines() == ["def mean(xs):", "    # the count, once",
+                                 "    return sum(xs) / len(xs)"]  # fmt: skip
+    exec(compile(BUGGY, "solution.py", "exec"), scope)
+    assert scope["mean"]([1, 2, 3]) == 2
+
+
+@pytest.mark.parametrize(
+    ("source", "problem"),
+    [
+        ("### BEGIN BUG\n#| x = 1\n", "never closed"),
+        ("### BEGIN BUG\n#| x = 1\n### END BUG\n", "before its"),
+        ("### BEGIN BUG\nx = 1\n### FIX\n### END BUG\n", "must read"),
+        ("### FIX\n", "without a"),
+    ],
+)
+def test_unbalanced_bug_markers_are_reported(source, problem):
+    with pytest.raises(release.ReleaseError, match=problem):
+        release.make_starter(source, "bad.py")
+
+
 @pytest.mark.parametrize(
     ("source", "problem"),
     [

@@ -49,7 +49,8 @@ def cases(kind: str):
         module = load(path)
         number = path.stem.removeprefix("lesson_")
         for case in getattr(module, kind):
-            yield pytest.param(number, module.FILE, case, id=f"{number}-{case['name']}")
+            file = case.get("file", module.FILE)  # a lesson of several files (09) names one
+            yield pytest.param(number, file, case, id=f"{number}-{case['name']}")
 
 
 def apply(tmp_path: Path, file: str, case: dict) -> Path:
@@ -60,6 +61,10 @@ def apply(tmp_path: Path, file: str, case: dict) -> Path:
     target = impl / file
     source = target.read_text()
     for edit in [case, *case.get("also", ())]:  # `also`: more edits of the same submission
+        if "file" in edit and impl / edit["file"] != target:  # an edit of another file
+            target.write_text(source)
+            target = impl / edit["file"]
+            source = target.read_text()
         assert source.count(edit["old"]) == 1, f"{case['name']}: `old` must occur once in {file}"
         source = source.replace(edit["old"], edit["new"])
     target.write_text(source)
@@ -80,13 +85,13 @@ def grade(grader: warm.Server, number: str, impl: Path, *options: str):
 
 
 def todo_blocks(source: str) -> list[tuple[int, int]]:
-    """(first, last) character offsets of each ### BEGIN/END SOLUTION block."""
+    """(first, last) character offsets of each ### BEGIN/END SOLUTION or BUG block."""
     blocks, start = [], None
     offset = 0
     for line in source.splitlines(keepends=True):
-        if line.strip() == release.BEGIN:
+        if line.strip() in (release.BEGIN, release.BUG):
             start = offset
-        elif line.strip() == release.END and start is not None:
+        elif line.strip() in (release.END, release.END_BUG) and start is not None:
             blocks.append((start, offset + len(line)))
             start = None
         offset += len(line)
@@ -99,21 +104,29 @@ def test_every_todo_has_a_mutant_and_every_case_applies_once():
     lessons_seen = set()
     for path in sorted(MUTANT_DIR.glob("lesson_*.py")):
         module = load(path)
-        source = (REPO_ROOT / "solutions" / module.FILE).read_text()
         lessons_seen.add(module.FILE.split("/")[0])
-        for case in [*module.MUTANTS, *module.ALTERNATIVES]:
-            for edit in [case, *case.get("also", ())]:
-                assert source.count(edit["old"]) == 1, (
-                    f"{path.name}: {case['name']}: `old` not unique"
+        files = {module.FILE} | {c.get("file", module.FILE) for c in module.MUTANTS}
+        for name in sorted(files):
+            source = (REPO_ROOT / "solutions" / name).read_text()
+            for case in [*module.MUTANTS, *module.ALTERNATIVES]:
+                for edit in [case, *case.get("also", ())]:
+                    if edit.get("file", case.get("file", module.FILE)) == name:
+                        assert source.count(edit["old"]) == 1, (
+                            f"{path.name}: {case['name']}: `old` not unique in {name}"
+                        )
+            mine = [c for c in module.MUTANTS if c.get("file", module.FILE) == name]
+            starts = [source.index(case["old"]) for case in mine]
+            for first, last in todo_blocks(source):
+                hit = any(first <= at < last for at in starts) or any(
+                    at < first < at + len(case["old"])
+                    for at, case in zip(starts, mine, strict=True)
                 )
-        starts = [source.index(case["old"]) for case in module.MUTANTS]
-        for first, last in todo_blocks(source):
-            hit = any(first <= at < last for at in starts) or any(
-                at < first < at + len(case["old"])
-                for at, case in zip(starts, module.MUTANTS, strict=True)
-            )
-            line = source[:first].count("\n") + 1
-            assert hit, f"{module.FILE}:{line}: this TODO block has no mutant in {path.name}"
+                line = source[:first].count("\n") + 1
+                assert hit, f"{name}:{line}: this TODO block has no mutant in {path.name}"
+        folder = REPO_ROOT / "solutions" / module.FILE.split("/")[0]
+        with_todos = [p for p in folder.glob("*.py") if todo_blocks(p.read_text())]
+        unmutated = {p.relative_to(REPO_ROOT / "solutions").as_posix() for p in with_todos} - files
+        assert not unmutated, f"{path.name}: files with TODOs and no mutant: {sorted(unmutated)}"
         # Each mutant's `caught_by` (a -k expression: words joined by " or ") names tests
         # that exist, read with the grader's own rules (course/grader/rules.py).
         number = path.stem.removeprefix("lesson_")

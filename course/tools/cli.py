@@ -7,6 +7,7 @@ python -m course run 04 --nproc 2 --max-restarts 1 -- --snapshot runs/04/snap.pt
 python -m course grade 00 01               # grade your lessons, print the table
 python -m course grade --impl path/to/submission --grade-json results.json
 python -m course bench [--amp bf16 --channels-last]   # time lessons 01-04, 06 side by side
+python -m course run 09 -- hang --diagnose # lesson 09: name the exercise first
 python -m course hint 03 [2]               # hint 2 of your next unsolved TODO in lesson 03
 python -m course doctor                    # the reference environment report
 python -m course release [--check]         # regenerate lessons/ from solutions/
@@ -46,7 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--max-restarts", type=int, help="torchrun lessons: restarts of a failed group (default 0)"
     )
-    run.epilog = "Arguments after `--` are passed to the lesson's script."
+    run.epilog = (
+        "Arguments after `--` are passed to the lesson's script. A lesson of several "
+        "exercises (09) takes the exercise first: python -m course run 09 -- hang --diagnose"
+    )
 
     grade = sub.add_parser("grade", help="grade lessons and print the points table")
     grade.add_argument("lessons", nargs="*", help="lesson numbers (default: all)")
@@ -84,6 +88,8 @@ def lesson_command(
     `rendezvous` replaces --standalone with torchrun's multi-node options
     (--nnodes, --rdzv_backend, --rdzv_endpoint, --rdzv_id)."""
     script = lesson.path(impl_dir)
+    if lesson.exercises and extra and lesson.exercise(extra[0]):  # course run 09 hang ...
+        script, extra = script.with_name(lesson.exercise(extra[0])), list(extra[1:])
     if not script.is_file():
         raise FileNotFoundError(f"{script}: not found")
     if not lesson.distributed and (nproc or backend):

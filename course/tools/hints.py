@@ -29,15 +29,36 @@ def todos(lesson: lessons.Lesson) -> list[dict]:
     path = lesson.path(REPO_ROOT / "lessons").parent / HINTS_FILE
     if not path.is_file():
         return []
-    return json.loads(path.read_text())["todos"]
+    found = json.loads(path.read_text())["todos"]
+    if lesson.exercises:  # in the order the lesson takes its exercises, not the files'
+
+        def order(todo):
+            name = todo["id"].removeprefix("TODO at ").rsplit(":", 1)[0].rsplit("/", 1)[-1]
+            return lesson.exercises.index(name) if name in lesson.exercises else len(found)
+
+        found.sort(key=order)  # stable: file order within one exercise
+    return found
 
 
 def unsolved(lesson: lessons.Lesson, impl: Path) -> list[str]:
-    """Ids of the TODOs whose NotImplementedError is still in the file under `impl`."""
+    """Ids of the TODOs still unsolved in the files under `impl`: the `raise
+    NotImplementedError` is still there or, for a planted bug (lesson 09), every
+    broken line still is."""
     script = lesson.path(impl)
     if not script.is_file():
         raise FileNotFoundError(f"{script}: no such file")
-    return RAISED.findall(script.read_text())
+    left = []
+    for todo in todos(lesson):
+        rel = todo["id"].removeprefix("TODO at ").rsplit(":", 1)[0]
+        path = Path(impl) / rel
+        text = path.read_text() if path.is_file() else ""
+        if todo.get("bug"):
+            code = {line.strip() for line in text.splitlines()}
+            if all(line in code for line in todo["bug"]):
+                left.append(todo["id"])
+        elif todo["id"] in RAISED.findall(text):
+            left.append(todo["id"])
+    return left
 
 
 def hint(lesson: lessons.Lesson, number: int, impl: Path) -> str:

@@ -6,6 +6,12 @@ everything else (the TODO comments and hints above a block, the snippet
 sections the site includes) and puts a `raise NotImplementedError` where the
 block was, so an unsolved starter fails loudly at the exact line, and never
 passes a test by doing nothing.
+
+A debugging exercise (lesson 09) is the other way round: its starter is a
+broken script that runs and shows the failure. Between `### BEGIN BUG` and
+`### FIX`, the solution keeps the broken lines as comments (`#| code`); the
+starter gets them back as code, and drops the fix that follows, up to `### END BUG`.
+Its TODO points at the first broken line.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from course import REPO_ROOT
 BEGIN = "### BEGIN SOLUTION"
 HINTS_FILE = "hints.json"  # next to each starter: its TODOs' goals and hints
 END = "### END SOLUTION"
+BUG, FIX, END_BUG = "### BEGIN BUG", "### FIX", "### END BUG"
+BROKEN = re.compile(r"^(\s*)#\| ?(.*)$", re.S)  # a broken line, kept as a comment: "#| code"
 SKIP_DIRS = {"__pycache__", ".ipynb_checkpoints"}
 
 
@@ -36,7 +44,8 @@ COMMENT = re.compile(r"^\s*#\s?(.*)$")
 def convert(source: str, name: str) -> tuple[str, list[dict]]:
     """(the starter text, its TODOs) for one solution file; `name` is used in messages.
 
-    Each TODO is {"id": "TODO at <name>:<line>", "goal": text, "hints": [text, ...]}:
+    Each TODO is {"id": "TODO at <name>:<line>", "goal": text, "hints": [text, ...]}
+    (and "bug": the broken lines, for a BEGIN BUG block):
     the goal is the `# TODO:` comment above a solution block (the starter keeps
     it), the hints its `# HINT n:` lines (the starter drops them; `python -m
     course hint` and the lesson's page reveal them one at a time)."""
@@ -45,14 +54,44 @@ def convert(source: str, name: str) -> tuple[str, list[dict]]:
     comment: list[str] = []  # the comment lines just above the current line
     hints: list[str] = []
     inside_from: int | None = None
+    bug: dict | None = None  # the BEGIN BUG block being read
     for number, line in enumerate(source.splitlines(keepends=True), start=1):
         marker = line.strip()
+        if bug is not None:  # inside a BEGIN BUG block
+            if marker == FIX:
+                if bug["fix"]:
+                    raise ReleaseError(f"{name}:{number}: a second {FIX} in the block")
+                bug["fix"] = True
+            elif marker == END_BUG:
+                if not bug["fix"]:
+                    raise ReleaseError(f"{name}:{number}: {END_BUG} before its {FIX}")
+                bug = None
+            elif marker in (BEGIN, END, BUG):
+                raise ReleaseError(f"{name}:{number}: {marker} inside the bug at line {bug['at']}")
+            elif not bug["fix"]:
+                if not (m := BROKEN.match(line)) and marker:
+                    raise ReleaseError(f"{name}:{number}: a broken line must read `#| code`")
+                if not bug["first"]:
+                    where = f"TODO at {name}:{len(out) + 1}"
+                    todos.append({"id": where, "goal": _goal(comment), "hints": hints, "bug": []})
+                    comment, hints, bug["first"] = [], [], True
+                out.append(m.group(1) + m.group(2) if m else line)
+                if m and m.group(2).strip():  # how `course hint` tells the bug is still there
+                    todos[-1]["bug"].append(m.group(2).strip())
+            continue
         if inside_from is None and (m := HINT.match(line)):
             hints.append(m.group(1).strip())
             continue
         if inside_from is None and hints and (m := HINT_MORE.match(line)):
             hints[-1] += " " + m.group(1).strip()
             continue
+        if marker == BUG:
+            if inside_from is not None:
+                raise ReleaseError(f"{name}:{number}: {BUG} inside the block at {inside_from}")
+            bug = {"at": number, "fix": False, "first": False}
+            continue
+        if marker in (FIX, END_BUG):
+            raise ReleaseError(f"{name}:{number}: {marker} without a {BUG}")
         if marker == BEGIN:
             if inside_from is not None:
                 raise ReleaseError(
@@ -75,6 +114,8 @@ def convert(source: str, name: str) -> tuple[str, list[dict]]:
                 hints = []
     if inside_from is not None:
         raise ReleaseError(f"{name}:{inside_from}: {BEGIN} is never closed")
+    if bug is not None:
+        raise ReleaseError(f"{name}:{bug['at']}: {BUG} is never closed")
     return "".join(out), todos
 
 
@@ -114,7 +155,14 @@ def solution_view(source: str, section: str | None = None) -> str:
         lines = lines[starts[0] + 1 : ends[0]]
     out: list[str] = []
     dropping = False  # inside a TODO comment or its hints
+    broken = False  # between BEGIN BUG and FIX: the starter's lines, not the solution's
     for line in lines:
+        if line.strip() == BUG:
+            broken, dropping = True, False
+            continue
+        if broken or line.strip() in (FIX, END_BUG):
+            broken = broken and line.strip() != FIX
+            continue
         if TODO.match(line) or HINT.match(line):
             dropping = True
             continue

@@ -1,0 +1,112 @@
+"""Lesson 09, exercise 3 - a hang: one rank leaves the loop early, the others wait for it.
+
+Run it:
+    python lessons/09_debugging/hang.py              # stuck until the process-group timeout
+    python lessons/09_debugging/hang.py --diagnose   # with DETAIL checks, then diagnose()
+    python -m course grade 09 -k hang                # grade your diagnosis and your fix
+"""
+
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from course import data, models, options, ranks
+from course.runtime import exit_with_one_line, seed_everything
+
+
+def parse_args(argv=None):
+    p = options.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nproc", type=options.positive_int, default=3, help="gloo ranks (default 3)")
+    p.add_argument("--batch-size", type=options.positive_int, default=32, help="per rank")
+    p.add_argument("--timeout", type=float, default=15, help="process-group timeout, seconds")
+    p.add_argument("--diagnose", action="store_true", help="run with DETAIL checks, diagnose")
+    return p.parse_args(argv)
+
+
+def train(rank: int, world: int, batch_size: int) -> tuple[dict, int]:
+    """One pass over this rank's shard, gradients averaged over the ranks; returns (the
+    weights, the steps taken)."""
+    seed_everything(0)
+    model = models.SmallCNN(norm="none")  # the same weights everywhere: the same seed
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    images, labels = data.digits()[0].tensors
+    per = -(-len(labels) // world)  # shards cut by hand: ceil(N / world), the last one shorter
+    images, labels = images[rank * per : (rank + 1) * per], labels[rank * per : (rank + 1) * per]
+    # TODO: each rank counts the steps its own shard holds, and the last shard is shorter:
+    # that rank leaves the loop while the others wait for it in the next all-reduce. Make
+    # every rank take the same number of steps.
+    steps = len(labels) // batch_size
+    for step in range(steps):
+        x = images[step * batch_size : (step + 1) * batch_size]
+        y = labels[step * batch_size : (step + 1) * batch_size]
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        for param in model.parameters():  # the mean gradient, as DDP makes it (lesson 06):
+            dist.all_reduce(param.grad)  # every rank must be here, every step
+            param.grad /= world
+        optimizer.step()
+    dist.barrier()  # everyone finished training: evaluate together
+    return model.state_dict(), steps
+
+
+# The collective names TORCH_DISTRIBUTED_DEBUG=DETAIL writes, as torch.distributed's functions.
+OP_NAMES = {"ALLREDUCE": "all_reduce", "BROADCAST": "broadcast", "ALLGATHER": "all_gather",
+            "BARRIER": "barrier", "REDUCE": "reduce", "GATHER": "gather", "SCATTER": "scatter",
+            "REDUCE_SCATTER": "reduce_scatter", "ALLTOALL": "all_to_all"}  # fmt: skip
+
+
+def diagnose(messages: dict[int, str]) -> tuple[int, str]:
+    """From each rank's error under TORCH_DISTRIBUTED_DEBUG=DETAIL ({rank: message}, three
+    ranks or more): (the rank out of step with the others, the collective that rank
+    missed, as its torch.distributed name: "all_reduce", "broadcast", ...)."""
+    # TODO: each message starts with what its own rank was running ("Rank 2 is running
+    # collective: CollectiveFingerPrint(SequenceNumber=1, OpType=ALLREDUCE, ..."). The
+    # rank whose collective differs from the others' diverged; what the others run is
+    # the collective it missed.
+    raise NotImplementedError("TODO at 09_debugging/hang.py:74 is not done yet")
+
+
+def run(rank: int, world: int, port: int, args, errors: str) -> None:
+    ranks.join_local(rank, world, "gloo", port)
+    try:
+        _, steps = train(rank, world, args.batch_size)
+        print(f"rank {rank}: {steps} steps")
+    except Exception as err:
+        if not args.diagnose:
+            raise
+        Path(errors, f"{rank}.txt").write_text(str(err))  # main() reads every rank's
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.environ["COURSE_PG_TIMEOUT"] = str(args.timeout)  # the ranks read both when they join
+    if args.diagnose:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    torch.set_num_threads(ranks.cpu_share(args.nproc))
+    with tempfile.TemporaryDirectory() as errors:
+        try:
+            mp.spawn(run, args=(args.nproc, ranks.free_port(), args, errors), nprocs=args.nproc)
+        except mp.ProcessRaisedException:
+            if not args.diagnose:
+                raise
+        messages = {int(p.stem): p.read_text() for p in Path(errors).glob("*.txt")}
+    if messages:
+        rank, missed = diagnose(messages)
+        print(f"diagnosis: rank {rank} is out of step; the others wait in {missed}")
+        return 1
+    print("done: every rank took the same number of steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(exit_with_one_line(main))

@@ -1,0 +1,212 @@
+"""Lesson 09's exercises, called in a child process and in ranks forked from it.
+
+Run by tests/test_09_debugging.py as `python lesson_09.py LESSON_FILE OUT_DIR`, where
+LESSON_FILE is the lesson's oom.py; the other exercises are its neighbours (unused.py,
+hang.py, silent.py). Every case returns what the exercise's functions produced, as
+plain data and tensors; the test computes its own reference and compares. hang_fixed
+runs last: a hang there would stop every later case (Cases.spawn).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from course import data, memory, models, ranks
+from course.grader import submission
+from course.grader.calls import Cases, Tensors
+
+cases = Cases()
+OOM_BATCH, OOM_MICRO, OOM_SMALL, OOM_STEPS, OOM_SEED = 1000, 128, 50, 3, 5
+# A rank that waits in a collective its peers never join fails after this long. A correct
+# exercise never waits long in one: every case passed with 1 s (twice, four busy loops
+# on two cores, 2026-12-01). 10 s is ten times that.
+PG_TIMEOUT_S = 10
+# Skips the diagnosis is asked about: (ranks, the rank that skips, the collective it skips).
+PLANTS = ((3, 1, "all_reduce"), (3, 2, "broadcast"), (4, 0, "all_gather"))
+
+
+def sibling(name: str, requires: tuple[str, ...]):
+    return submission.load(cases.lesson_file.with_name(name), requires=requires)
+
+
+def spawn(target, world: int, *args, what: str) -> Path:
+    out = cases.out / what.replace(" ", "-")
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["COURSE_PG_TIMEOUT"] = str(PG_TIMEOUT_S)  # the ranks read it as they join
+    cases.spawn(target, world, str(out), *args, what=what)
+    return out
+
+
+# --- exercise 1: out of memory ------------------------------------------------------
+
+
+@cases.case
+def memory_steps(lesson):
+    """OOM_STEPS steps of train_step on one batch of OOM_BATCH digits, OOM_MICRO at a time,
+    each measured by this script's own meter; then one step at OOM_SMALL images."""
+    images, labels = (t[:OOM_BATCH] for t in data.digits()[0].tensors)
+    torch.manual_seed(OOM_SEED)
+    model = models.SmallCNN(norm="none")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    peaks, losses = [], []
+    for _ in range(OOM_STEPS):
+        with memory.SavedTensors(model) as meter:
+            losses.append(float(lesson.train_step(model, optimizer, images, labels, OOM_MICRO)))
+        peaks.append(meter.peak)
+    small = models.SmallCNN(norm="none")
+    with memory.SavedTensors(small) as meter:
+        lesson.train_step(small, torch.optim.SGD(small.parameters(), lr=0.05), images, labels,
+                          OOM_SMALL)  # fmt: skip
+    extra = {"peaks": peaks, "losses": losses, "small_peak": meter.peak}
+    return Tensors(dict(model.state_dict()), extra=extra)
+
+
+# --- exercise 2: a parameter without a gradient ------------------------------------------
+
+
+@cases.case
+def unused_gradients(lesson):
+    """Names of the parameters of unused.Net() that one backward leaves without a gradient."""
+    module = sibling("unused.py", ("train",))
+    model = module.Net()
+    images, labels = (t[:16] for t in data.digits()[0].tensors)
+    F.cross_entropy(model(images), labels).backward()
+    names = [name for name, p in model.named_parameters()]
+    return {"missing": [n for n, p in model.named_parameters() if p.grad is None], "all": names}
+
+
+def _unused_rank(rank, world, port, out):
+    module = sibling("unused.py", ("train",))
+    ranks.join_local(rank, world, "gloo", port)
+    try:
+        state = module.train(rank, world, 3, 16)
+        torch.save({k: v.detach().clone() for k, v in state.items()}, Path(out, f"{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@cases.case
+def unused_ddp(lesson):
+    """unused.train on 2 gloo ranks, 3 steps: each rank's weights afterwards."""
+    out = spawn(_unused_rank, 2, what="unused ddp")
+    got = {}
+    for rank in range(2):
+        for key, value in torch.load(Path(out, f"{rank}.pt"), weights_only=True).items():
+            got[f"{rank}/{key}"] = value
+    return Tensors(got)
+
+
+# --- exercise 4: silent wrong results ---------------------------------------------------
+
+
+def _silent_rank(rank, world, port, out, folders):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    module = sibling("silent.py", ("epoch_order", "save_weights", "accuracy"))
+    ranks.join_local(rank, world, "gloo", port)
+    try:
+        found = {"orders": [module.epoch_order(102, e, seed=7) for e in (0, 1, 1)]}
+        found["accuracy"] = float(module.accuracy(90 - 30 * rank, 100 + 20 * rank))
+        streams = [module.augmentation_generator(seed) for seed in (0, 0, 1)]
+        found["noise"] = [torch.randn(4, generator=g).tolist() for g in streams]
+        torch.manual_seed(0)
+        model = DDP(models.SmallCNN(norm="none"))
+        gen = torch.Generator().manual_seed(rank)
+        batch = torch.randn(16, 1, 8, 8, generator=gen), torch.randint(0, 10, (16,), generator=gen)
+        found["loss"] = float(module.train_step(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                                *batch))  # fmt: skip
+        module.save_weights(model, str(Path(folders[rank], "weights.pt")))
+        torch.save(model.module.state_dict(), Path(out, f"{rank}.pt"))
+        Path(out, f"{rank}.json").write_text(json.dumps(found))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@cases.case
+def silent(lesson):
+    """silent.py's five functions on 2 gloo ranks; rank r saves into a folder of its own."""
+    folders = [cases.out / f"silent-rank{r}" for r in range(2)]
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+    out = spawn(_silent_rank, 2, [str(f) for f in folders], what="silent")
+    found = [json.loads(Path(out, f"{rank}.json").read_text()) for rank in range(2)]
+    written = {r: sorted(p.name for p in folders[r].iterdir()) for r in range(2)}
+    tensors = {f"trained/{k}": v for k, v in torch.load(Path(out, "0.pt")).items()}
+    saved = folders[0] / "weights.pt"
+    if saved.is_file():
+        tensors |= {f"saved/{k}": v for k, v in torch.load(saved, weights_only=True).items()}
+    return Tensors(tensors, extra={"ranks": found, "written": written})
+
+
+# --- exercise 3: a hang ----------------------------------------------------------------
+
+
+def _plant(rank, world, port, out, skip, op):
+    """Every rank all-reduces; all but `skip` then call `op`; then every rank a barrier."""
+    dist.set_debug_level(dist.DebugLevel.DETAIL)  # as TORCH_DISTRIBUTED_DEBUG=DETAIL does
+    ranks.join_local(rank, world, "gloo", port)
+    t, message = torch.ones(3), ""
+    try:
+        dist.all_reduce(t)
+        if rank != skip:
+            if op == "all_reduce":
+                dist.all_reduce(t)
+            elif op == "broadcast":
+                dist.broadcast(t, src=(skip + 1) % world)
+            else:
+                dist.all_gather([torch.empty(3) for _ in range(world)], t)
+        dist.barrier()
+    except RuntimeError as err:
+        message = str(err)
+    finally:
+        Path(out, f"{rank}.txt").write_text(message)
+        dist.destroy_process_group()
+
+
+@cases.case
+def hang_diagnosis(lesson):
+    """hang.diagnose on the messages of real runs with a skip planted (PLANTS)."""
+    module = sibling("hang.py", ("train", "diagnose"))
+    answers = []
+    for world, skip, op in PLANTS:
+        out = spawn(_plant, world, skip, op, what=f"plant {world} {skip} {op}")
+        messages = {rank: Path(out, f"{rank}.txt").read_text() for rank in range(world)}
+        if not all(messages.values()):
+            raise RuntimeError(f"the planted skip raised on no rank: {messages}")
+        rank, collective = module.diagnose(messages)
+        answers.append([int(rank), str(collective)])
+    return {"answers": answers, "plants": [list(p) for p in PLANTS]}
+
+
+def _hang_rank(rank, world, port, out):
+    module = sibling("hang.py", ("train", "diagnose"))
+    ranks.join_local(rank, world, "gloo", port)
+    try:
+        state, steps = module.train(rank, world, 32)
+        torch.save({"steps": torch.tensor(int(steps)), **state}, Path(out, f"{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@cases.case
+def hang_fixed(lesson):
+    """hang.train on 3 gloo ranks (hand-cut shards of 480, 480 and 478 digits)."""
+    out = spawn(_hang_rank, 3, what="hang train")
+    got = {}
+    for rank in range(3):
+        for key, value in torch.load(Path(out, f"{rank}.pt"), weights_only=True).items():
+            got[f"{rank}/{key}"] = value
+    return Tensors(got)
+
+
+if __name__ == "__main__":
+    cases.run(requires=("train_step",))

@@ -1,0 +1,208 @@
+"""Realistic wrong fixes of lesson 09's exercises, and honest different ones.
+
+Format: see lesson_03.py. Lesson 09 has several files: a case's `file` names the one it
+edits (default FILE), and so may each of its `also` edits. Putting an exercise's bug back
+is the first mutant of each; the others are fixes that look right and are not.
+"""
+
+FILE = "09_debugging/oom.py"
+HANG, SILENT, UNUSED = "09_debugging/hang.py", "09_debugging/silent.py", "09_debugging/unused.py"
+
+MUTANTS = [
+    # --- oom.py ---
+    dict(
+        name="oom_whole_batch_at_once",
+        why="the bug itself: the whole batch through forward and backward at once",
+        old="zip(images.split(micro_batch), labels.split(micro_batch), strict=True)",
+        new="[(images, labels)]",
+        caught_by="fits_the_budget",
+    ),
+    dict(
+        name="oom_mean_over_micro_batches",
+        why="each micro-batch's mean loss divided by their number: wrong when the last is smaller",
+        old='        loss = F.cross_entropy(model(x), y, reduction="sum") / len(labels)\n',
+        new=("        loss = F.cross_entropy(model(x), y) / len(images.split(micro_batch))\n"),
+        caught_by="equals_the_whole_batch",
+    ),
+    dict(
+        name="oom_step_every_micro_batch",
+        why="the optimizer steps after every micro-batch: 8 small steps, not one",
+        old="    optimizer.step()  # once: the step of the whole batch\n",
+        new="        optimizer.step()\n",
+        caught_by="equals_the_whole_batch",
+    ),
+    # --- unused.py ---
+    dict(
+        name="unused_head_kept",
+        file=UNUSED,
+        why="the bug itself: a head defined and never used",
+        old="        ### FIX\n        ### END BUG\n",
+        new="        self.aux = nn.Linear(2 * 32, classes)\n",
+        caught_by="every_parameter",
+    ),
+    dict(
+        name="unused_head_hidden_by_find_unused_parameters",
+        file=UNUSED,
+        why="find_unused_parameters=True: the run completes, the unused head is still there",
+        old="        ### FIX\n        ### END BUG\n",
+        new="        self.aux = nn.Linear(2 * 32, classes)\n",
+        also=[
+            dict(
+                file=UNUSED,
+                old="    model = DDP(Net())\n",
+                new="    model = DDP(Net(), find_unused_parameters=True)\n",
+            )
+        ],  # fmt: skip
+        caught_by="every_parameter",
+    ),
+    # --- hang.py ---
+    dict(
+        name="hang_own_shard_count",
+        file=HANG,
+        why="the bug itself: each rank counts its own shard's batches",
+        old="    dist.all_reduce(steps, op=dist.ReduceOp.MIN)",
+        new="    pass  #",
+        caught_by="same_steps",
+        says=("Timed out", "different numbers of steps"),
+    ),
+    dict(
+        name="hang_counts_summed",
+        file=HANG,
+        why="all_reduce's default op, SUM: the ranks agree, on three times the steps",
+        old="    dist.all_reduce(steps, op=dist.ReduceOp.MIN)",
+        new="    dist.all_reduce(steps)",
+        caught_by="same_steps",
+    ),
+    dict(
+        name="diagnose_reads_the_checkers_collective",
+        file=HANG,
+        why="the op after 'but Rank N is running': the checker's own REDUCE, GATHER",
+        old=r'            r"OpType=(\w+)", message',
+        new=r'            r".*but Rank \d+ is running collective: CollectiveFingerPrint\("'
+        r'            r"SequenceNumber=\d+,? ?OpType=(\w+)", message',
+        caught_by="diagnosis",
+    ),
+    dict(
+        name="diagnose_answers_the_odd_ranks_own_collective",
+        file=HANG,
+        why="the collective the odd rank is in (its next one), not the one it missed",
+        old="    return odd[0], OP_NAMES.get(common, common.lower())\n",
+        new="    return odd[0], OP_NAMES.get(own[odd[0]], own[odd[0]].lower())\n",
+        caught_by="diagnosis",
+    ),
+    # --- silent.py ---
+    dict(
+        name="silent_epoch_never_set",
+        file=SILENT,
+        why="the bug itself: set_epoch never called, every epoch in one order",
+        old="    sampler.set_epoch(epoch)\n",
+        new="    pass\n",
+        caught_by="shuffled_anew",
+    ),
+    dict(
+        name="silent_epoch_plus_rank",
+        file=SILENT,
+        why="set_epoch(epoch + rank): the ranks shuffle differently, their shards overlap",
+        old="    sampler.set_epoch(epoch)\n",
+        new="    sampler.set_epoch(epoch + dist.get_rank())\n",
+        caught_by="shuffled_anew",
+    ),
+    dict(
+        name="silent_every_rank_saves",
+        file=SILENT,
+        why="the rank check dropped: every rank writes the file",
+        old="    if dist.get_rank() == 0:\n",
+        new="    if True:\n",
+        caught_by="alone_saves",
+    ),
+    dict(
+        name="silent_module_prefix_saved",
+        file=SILENT,
+        why="DDP's own state_dict saved: every key starts with 'module.'",
+        old="        checkpoint.save(model.module.state_dict(), path)\n",
+        new="        checkpoint.save(model.state_dict(), path)\n",
+        caught_by="alone_saves",
+    ),
+    dict(
+        name="silent_accuracy_of_rank_0",
+        file=SILENT,
+        why="the bug itself: this rank's share only",
+        old="    dist.all_reduce(counts)\n",
+        new="",
+        caught_by="counts_every_rank",
+    ),
+    dict(
+        name="silent_mean_of_accuracies",
+        file=SILENT,
+        why="the ranks' accuracies averaged: wrong when their shares differ in size",
+        old="    counts = torch.tensor([correct, total], dtype=torch.float64)\n"
+        "    dist.all_reduce(counts)\n    return (counts[0] / counts[1]).item()\n",
+        new="    mine = torch.tensor([correct / total], dtype=torch.float64)\n"
+        "    dist.all_reduce(mine)\n    return mine.item() / dist.get_world_size()\n",
+        caught_by="counts_every_rank",
+    ),
+    dict(
+        name="silent_same_augmentation_seed",
+        file=SILENT,
+        why="the bug itself: one seed on every rank",
+        old="    return torch.Generator().manual_seed(seed + 1000 * dist.get_rank())\n",
+        new="    return torch.Generator().manual_seed(seed)\n",
+        caught_by="augmentation",
+    ),
+    dict(
+        name="silent_loss_divided_by_world",
+        file=SILENT,
+        why="the bug itself: the loss divided by the world size, on top of DDP's average",
+        old="    loss = F.cross_entropy(model(images), labels)\n    ### END BUG\n",
+        new="    loss = F.cross_entropy(model(images), labels) / dist.get_world_size()\n",
+        caught_by="global_batch",
+    ),
+]
+
+ALTERNATIVES = [
+    dict(
+        name="accumulate_by_share_and_other_honest_fixes",
+        why="oom: each micro-batch's mean loss weighted by its share of the batch; unused: the "
+        "head used in forward instead of removed; hang: DistributedSampler's padded shards; "
+        "silent: sampler.epoch set directly, seed + rank, the counts gathered with all_gather",
+        old='reduction="sum") / len(labels)\n',
+        new=") * (len(y) / len(labels))\n",
+        also=[
+            dict(
+                file=UNUSED,
+                old="        ### FIX\n        ### END BUG\n",
+                new="        self.aux = nn.Linear(10, classes)  # on top of the first head\n",
+            ),
+            dict(
+                file=UNUSED,
+                old="        return self.body(x)\n",
+                new="        return self.aux(self.body(x))\n",
+            ),
+            dict(
+                file=HANG, old="    dist.all_reduce(steps, op=dist.ReduceOp.MIN)", new="    pass  #"
+            ),
+            dict(
+                file=HANG,
+                old="    steps = torch.tensor([len(labels) // batch_size])\n",
+                new="    images, labels = data.digits()[0].tensors\n"
+                "    from torch.utils.data import DistributedSampler\n"
+                "    index = list(DistributedSampler(range(len(labels)), shuffle=False))\n"
+                "    images, labels = images[index], labels[index]\n"
+                "    steps = -(-len(labels) // batch_size)\n",
+            ),
+            dict(file=SILENT, old="sampler.set_epoch(epoch)\n", new="sampler.epoch = epoch\n"),
+            dict(
+                file=SILENT,
+                old="return torch.Generator().manual_seed(seed + 1000 * dist",
+                new="return torch.Generator().manual_seed(seed + 1 * dist",
+            ),
+            dict(
+                file=SILENT,
+                old="    dist.all_reduce(counts)\n    return (counts[0] / counts[1]).item()\n",
+                new="    every = [counts.clone() for _ in range(dist.get_world_size())]\n"
+                "    dist.all_gather(every, counts)\n"
+                "    return (sum(every)[0] / sum(every)[1]).item()\n",
+            ),
+        ],  # fmt: skip
+    ),
+]

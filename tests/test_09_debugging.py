@@ -1,0 +1,340 @@
+"""Grades lesson 09: debugging (lessons/09_debugging/: oom, unused, hang, silent).
+
+Each exercise's starter is a broken script; the student finds the mistake and fixes it.
+The functions are called in a child process and in gloo ranks forked from it
+(tests/cases/lesson_09.py), never in this process, which computes its own references:
+
+- oom: train_step on 1,000 digits, 128 at a time (the last micro-batch is smaller), 3 steps
+  of SGD with momentum, under the case script's own meter of saved activations
+  (course/memory.py). The peak must stay under 8 MiB, and the weights must be those of the
+  same steps on the whole batch, which this process trains itself.
+- unused: every parameter of unused.Net gets a gradient, and unused.train runs 3 DDP steps
+  on 2 ranks to identical replicas.
+- hang: hang.train on 3 ranks (shards of 480, 480 and 478 digits) ends, every rank taking
+  the same number of steps, with identical replicas. hang.diagnose gets the messages of
+  real runs (TORCH_DISTRIBUTED_DEBUG=DETAIL) in which one rank skipped a collective, and
+  must name that rank and that collective; the answers come from the planted skips.
+- silent: five functions, each checked against what this process computes: the shuffle of
+  each epoch, who writes the weights and with which keys, the accuracy over both ranks,
+  the augmentation seeds, and one DDP step against one process on the global batch.
+
+Tolerances, from measured distributions (PyTorch 2.14.1, 2 cores, one thread): accumulating
+8 micro-batches differs from the whole batch by float32 rounding only. Over seeds 0-11 the
+largest weight difference after the 3 steps was 7.5e-9 to 3.0e-8; the test allows 1e-5, 300
+times the worst. The nearest mistake, each micro-batch's mean loss divided by the number of
+micro-batches (wrong when the last one is smaller), is 1.3e-4 away. The DDP step of `silent`
+differs from one process on the global batch by 3.7e-9 to 3.0e-8 over model seeds 0-11; the
+test allows 1e-5, and a loss divided by the world size is 5.1e-3 to 6.5e-3 away.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DistributedSampler
+
+from course import data, lessons, memory, models, procs
+from course.grader.plugin import call_lesson, needed
+
+LESSON = lessons.get("09")
+CASES = Path(__file__).with_name("cases") / "lesson_09.py"
+CASE_NAMES = ("memory_steps", "unused_gradients", "unused_ddp", "hang_fixed", "hang_diagnosis",
+              "silent")  # fmt: skip
+OOM_BATCH, OOM_MICRO, OOM_STEPS, OOM_SEED = 1000, 128, 3, 5  # as in the case script
+BUDGET = 8 * memory.MIB  # oom.py's default --budget-mb
+OOM_ATOL = DDP_ATOL = 1e-5
+HANG_STEPS = (14, 15)  # 478 // 32 on every rank, or 15 where the shards are padded
+
+_calls: dict = {}
+
+
+@pytest.fixture
+def calls(impl, tmp_path_factory, request):
+    """The case script's outcome: every case the selected tests need, in one child."""
+    if str(impl) not in _calls:
+        folder = tmp_path_factory.mktemp("cases")
+        _calls[str(impl)] = call_lesson(
+            impl, LESSON, CASES, folder, only=needed(request, CASE_NAMES)
+        )
+    return _calls[str(impl)]
+
+
+def largest_difference(got: dict, want: dict, prefix: str = "") -> tuple[float, str]:
+    worst, where = 0.0, ""
+    for key, value in want.items():
+        mine = got.get(prefix + key)
+        assert mine is not None and mine.shape == value.shape, f"{prefix + key}: {mine!r}"
+        gap = (mine - value).abs().max().item()
+        if not gap <= worst:  # also NaN
+            worst, where = gap, key
+    return worst, where
+
+
+# --- exercise 1: out of memory -------------------------------------------------------
+
+
+def reference_oom_steps():
+    images, labels = (t[:OOM_BATCH] for t in data.digits()[0].tensors)
+    torch.manual_seed(OOM_SEED)
+    model = models.SmallCNN(norm="none")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for _ in range(OOM_STEPS):
+        loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return model.state_dict(), losses
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+@pytest.mark.needs("memory_steps")
+def test_oom_step_fits_the_budget(calls):
+    """Each step keeps at most 8 MiB of activations for backward (measured by the grader's
+    meter), and fewer images per backward keep fewer."""
+    found = calls("memory_steps")
+    peaks = [p / memory.MIB for p in found["peaks"]]
+    assert max(peaks) <= BUDGET / memory.MIB, (
+        f"train_step kept up to {max(peaks):.1f} MiB of activations for backward; the budget "
+        f"is {BUDGET / memory.MIB:g} MiB. Likely cause: the whole batch still goes through "
+        f"forward at once, instead of {OOM_MICRO} images at a time"
+    )
+    small = found["small_peak"] / memory.MIB
+    assert small < min(peaks), (
+        f"with micro_batch=50 the peak was {small:.1f} MiB, with {OOM_MICRO} {min(peaks):.1f} MiB: "
+        "train_step does not use its micro_batch argument"
+    )
+
+
+@pytest.mark.points(3)
+@pytest.mark.needs("memory_steps")
+def test_oom_step_equals_the_whole_batch_step(calls):
+    """(Not a core test: the starter's whole-batch step passes it; its bug is the memory.)
+    The accumulated steps give the weights and losses of the same steps on the whole
+    batch, which this process computes itself."""
+    want, losses = reference_oom_steps()
+    worst, where = largest_difference(calls.tensors("memory_steps"), want)
+    assert worst <= OOM_ATOL, (
+        f"after {OOM_STEPS} steps, {where} is {worst:.2e} from the whole batch's steps "
+        f"(allowed {OOM_ATOL:g}). Likely cause: each micro-batch's loss is not its share of the "
+        "batch's mean (sum over its images / the batch size), the optimizer steps more than "
+        "once per batch, or the gradients are cleared between micro-batches"
+    )
+    got = calls("memory_steps")["losses"]
+    assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(got, losses, strict=True)), (
+        f"train_step returned the losses {got}; the whole batch's mean losses are {losses}"
+    )
+
+
+@pytest.mark.points(1)
+def test_oom_script_runs_with_its_flags(impl, tmp_path):
+    """`oom.py --batch-size 512 --micro-batch 32 --budget-mb 2 --steps 2` runs its 2 steps
+    and prints peaks under 2 MiB."""
+    args = ["--batch-size", "512", "--micro-batch", "32", "--budget-mb", "2", "--steps", "2"]
+    result = procs.python(LESSON.path(impl), *args, timeout=60, cwd=tmp_path)
+    assert result.ok, result.failure()
+    assert "global batch 512, micro-batch 32, activation budget 2 MiB" in result.output, (
+        result.output
+    )
+    peaks = [float(p) for p in re.findall(r"activations at most ([\d.]+) MiB", result.output)]
+    assert len(peaks) == 2 and max(peaks) <= 2, f"expected 2 steps under 2 MiB:\n{result.output}"
+
+
+# --- exercise 2: unused parameters -------------------------------------------------------
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+@pytest.mark.needs("unused_gradients")
+def test_every_parameter_of_the_model_gets_a_gradient(calls):
+    """One backward through unused.Net gives every parameter a gradient: nothing is left
+    for DDP to wait for (find_unused_parameters=True would only hide it)."""
+    found = calls("unused_gradients")
+    assert found["all"], "unused.Net() has no parameters"
+    assert not found["missing"], (
+        f"these parameters get no gradient from a forward and backward: {found['missing']}. "
+        'DDP waits for them and fails at the next step ("Expected to have finished reduction '
+        'in the prior iteration"). Likely cause: a layer the model defines and forward() '
+        "never uses"
+    )
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+@pytest.mark.needs("unused_ddp")
+def test_unused_ddp_training_runs_to_identical_replicas(calls):
+    """unused.train runs 3 DDP steps on 2 ranks, and both end with the same weights."""
+    got = calls.tensors("unused_ddp")
+    rank0 = {k.removeprefix("0/"): v for k, v in got.items() if k.startswith("0/")}
+    worst, where = largest_difference(got, rank0, prefix="1/")
+    assert rank0 and worst == 0, f"rank 1's {where} differs from rank 0's by {worst:.2e}"
+
+
+# --- exercise 3: a hang -----------------------------------------------------------------
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+@pytest.mark.needs("hang_fixed")
+def test_hang_every_rank_takes_the_same_steps(calls):
+    """hang.train ends on 3 ranks whose shards differ in length: every rank takes the same
+    number of steps, and the replicas are identical and finite."""
+    try:
+        got, message = calls.tensors("hang_fixed"), None
+    except BaseException as err:  # noqa: BLE001 - the failure, said with its likely cause
+        got, message = None, str(err)
+    if message is not None:  # outside `except`: no chained traceback
+        if "timed out" in message.lower():
+            message += (
+                "\nA rank waited in a collective its peers never joined. Likely cause: the ranks "
+                "take different numbers of steps (each counts its own shard's batches)"
+            )
+        pytest.fail(message, pytrace=False)
+    steps = [int(got[f"{rank}/steps"]) for rank in range(3)]
+    assert len(set(steps)) == 1 and steps[0] in HANG_STEPS, (
+        f"the ranks took {steps} steps; expected one number for all, {HANG_STEPS[0]} (the "
+        f"shortest shard's batches) or {HANG_STEPS[1]} (padded shards)"
+    )
+    rank0 = {k.removeprefix("0/"): v for k, v in got.items() if k.startswith("0/")}
+    for rank in (1, 2):
+        worst, where = largest_difference(got, rank0, prefix=f"{rank}/")
+        assert worst == 0, f"rank {rank}'s {where} differs from rank 0's by {worst:.2e}"
+    bad = [k for k, v in got.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    assert not bad, f"not finite after training: {bad[:3]} (a step on an empty batch?)"
+
+
+@pytest.mark.core
+@pytest.mark.points(3)
+@pytest.mark.needs("hang_diagnosis")
+def test_diagnosis_names_the_rank_and_the_collective(calls):
+    """For three runs with a planted skip (3 ranks: rank 1 skips an all_reduce, rank 2 a
+    broadcast; 4 ranks: rank 0 an all_gather), diagnose names that rank and collective."""
+    Path("/tmp/l9/dbg.txt").write_text(calls.outcome.run.output)
+    found = calls("hang_diagnosis")
+    for (world, skip, op), answer in zip(found["plants"], found["answers"], strict=True):
+        assert answer == [skip, op], (
+            f"{world} ranks, rank {skip} skipped {op}: diagnose answered rank {answer[0]}, "
+            f"{answer[1]!r}. Read each message's first fingerprint (its own rank's collective), "
+            "not the checker's REDUCE and GATHER after 'but Rank'"
+        )
+
+
+# --- exercise 4: silent wrong results ----------------------------------------------------
+
+
+def silent_ranks(calls):
+    return calls("silent")["ranks"]
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+@pytest.mark.needs("silent")
+def test_silent_every_epoch_is_shuffled_anew(calls):
+    """epoch_order gives each rank DistributedSampler's shard of epoch 0 and of epoch 1,
+    each shuffled with its own epoch."""
+    for rank, found in enumerate(silent_ranks(calls)):
+        for epoch, got in zip((0, 1, 1), found["orders"], strict=True):
+            sampler = DistributedSampler(range(102), num_replicas=2, rank=rank, seed=7)
+            sampler.set_epoch(epoch)
+            assert got == list(sampler), (
+                f"rank {rank}, epoch {epoch}: epoch_order gave {got[:6]}..., expected "
+                f"{list(sampler)[:6]}...; epoch 0 gave {found['orders'][0][:6]}.... Likely cause: "
+                "the sampler is never told the epoch (set_epoch), so every epoch repeats one order"
+            )
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+@pytest.mark.needs("silent")
+def test_silent_rank_0_alone_saves_weights_a_plain_model_loads(calls):
+    """Given a folder of its own on each rank, only rank 0's gets weights.pt, and lesson
+    01's model (no DDP) loads it as it is and gets the trained weights."""
+    written = calls("silent")["written"]
+    assert written == {"0": ["weights.pt"], "1": []}, (
+        f"files written in each rank's folder: {written}; only rank 0 should write "
+        "(all ranks writing one path race, and cost I/O)"
+    )
+    got = calls.tensors("silent")
+    saved = {k.removeprefix("saved/"): v for k, v in got.items() if k.startswith("saved/")}
+    plain = models.SmallCNN(norm="none")
+    try:
+        plain.load_state_dict(saved)
+    except RuntimeError as err:
+        first = ", ".join(list(saved)[:2])
+        pytest.fail(f"lesson 01's model cannot load weights.pt (keys {first}, ...): "
+                    f"{str(err).splitlines()[0]}. Likely cause: DDP's own state_dict, whose keys "
+                    "start with 'module.'; save model.module's", pytrace=False)  # fmt: skip
+    trained = {k.removeprefix("trained/"): v for k, v in got.items() if k.startswith("trained/")}
+    worst, where = largest_difference(saved, trained)
+    assert worst == 0, f"weights.pt's {where} differs from the trained model's by {worst:.2e}"
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+@pytest.mark.needs("silent")
+def test_silent_accuracy_counts_every_rank(calls):
+    """accuracy(90, 100) on rank 0 and accuracy(60, 120) on rank 1 both return 150 / 220."""
+    got = [found["accuracy"] for found in silent_ranks(calls)]
+    assert all(math.isclose(a, 150 / 220, rel_tol=1e-9) for a in got), (
+        f"accuracy returned {got} on ranks 0 and 1; the whole test set's is 150/220 = "
+        f"{150 / 220:.4f}. Likely cause: one rank's share only, or the mean of the ranks' "
+        "accuracies (wrong when the shares differ in size): sum the counts, then divide"
+    )
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+@pytest.mark.needs("silent")
+def test_silent_augmentation_differs_between_ranks_and_repeats(calls):
+    """augmentation_generator(0) draws the same numbers twice on one rank, other numbers on
+    the other rank, and other numbers again for seed 1."""
+    first, second = silent_ranks(calls)
+    for rank, found in enumerate((first, second)):
+        a, again, other = found["noise"]
+        assert a == again, f"rank {rank}: two generators of seed 0 drew {a} and {again}"
+        assert a != other, f"rank {rank}: seeds 0 and 1 drew the same numbers {a}"
+    assert first["noise"][0] != second["noise"][0], (
+        f"both ranks drew {first['noise'][0]} from seed 0: every rank augments its images "
+        "the same way. Likely cause: the rank is not part of the augmentation's seed"
+    )
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+@pytest.mark.needs("silent")
+def test_silent_ddp_step_equals_one_process_on_the_global_batch(calls):
+    """train_step on 2 ranks gives the weights of one SGD step on both ranks' batches
+    together (this process computes it), and returns its rank's own mean loss."""
+    torch.manual_seed(0)
+    model = models.SmallCNN(norm="none")
+    batches = []
+    for rank in range(2):
+        gen = torch.Generator().manual_seed(rank)
+        batches.append(
+            (torch.randn(16, 1, 8, 8, generator=gen), torch.randint(0, 10, (16,), generator=gen))
+        )
+    own = [F.cross_entropy(copy.deepcopy(model)(x), y).item() for x, y in batches]
+    images, labels = (torch.cat(parts) for parts in zip(*batches, strict=True))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    F.cross_entropy(model(images), labels).backward()
+    optimizer.step()
+    got = calls.tensors("silent")
+    trained = {k.removeprefix("trained/"): v for k, v in got.items() if k.startswith("trained/")}
+    worst, where = largest_difference(trained, model.state_dict())
+    assert worst <= DDP_ATOL, (
+        f"after one step, {where} is {worst:.2e} from one process's step on the global batch "
+        f"(allowed {DDP_ATOL:g}). Likely cause: the loss (or the gradient) divided by the "
+        "number of ranks: DDP already averages the gradients"
+    )
+    losses = [found["loss"] for found in silent_ranks(calls)]
+    assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(losses, own, strict=True)), (
+        f"train_step returned the losses {losses}; each rank's batch has the mean loss {own}"
+    )
