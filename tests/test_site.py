@@ -429,8 +429,8 @@ def _page_text(path: Path) -> str:
 
 def _solution_only_lines() -> dict[str, list[str]]:
     """Per lesson file, the distinctive lines a student writes: inside ### BEGIN/END
-    SOLUTION, at least 25 characters, and in no starter (a later lesson's starter gives
-    an earlier lesson's solution: that one is no secret once the student gets there)."""
+    SOLUTION or a bug's fix, at least 25 characters, and in no starter (a later lesson's
+    starter gives an earlier lesson's solution: no secret once the student gets there)."""
     from course.tools import release
 
     # What a student is given: the starters, and the hints (lessons/*/hints.json, whose
@@ -444,8 +444,9 @@ def _solution_only_lines() -> dict[str, list[str]]:
         starter = starters
         inside, lines = False, []
         for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip() in (release.BEGIN, release.END):
-                inside = line.strip() == release.BEGIN
+            # a solution block, or the fix of a planted bug (lesson 09: FIX to END BUG)
+            if line.strip() in (release.BEGIN, release.END, release.FIX, release.END_BUG):
+                inside = line.strip() in (release.BEGIN, release.FIX)
             elif inside and len(line.strip()) >= 25 and line.strip() not in starter:
                 lines.append(line.strip())
         found[str(path.relative_to(ROOT))] = lines
@@ -458,7 +459,7 @@ def test_solution_tabs_show_clean_code(site):
     lines = _solution_only_lines()
     for page in sorted((site.path / "lessons").glob("[0-9][0-9]_*/index.html")):
         text = _page_text(page)
-        for marker in ("### BEGIN SOLUTION", "### END SOLUTION", "# HINT 1:"):
+        for marker in ("### BEGIN SOLUTION", "### END SOLUTION", "# HINT 1:", "### FIX"):
             assert marker not in text, f"{page.parent.name}: the page shows {marker!r}"
     shown = " ".join(_page_text(p) for p in (site.path / "lessons").rglob("index.html"))
     assert all(any(line in shown for line in v) for v in lines.values() if v), (

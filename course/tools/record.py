@@ -38,6 +38,7 @@ VOLATILE = [
     (re.compile(r"\b(pid:? )\d+"), r"\1N"),
     (re.compile(r"(Sending process )\d+"), r"\1N"),
     (re.compile(r"(of binary: )\S+"), r"\1python"),
+    (re.compile(r"(did not receive grad for rank )\d+"), r"\1N"),  # the first rank to fail
 ]
 # Lines a record leaves out, because whether and in which form they appear
 # varies from run to run: the traceback a surviving rank prints when its peer
@@ -48,9 +49,10 @@ VOLATILE = [
 DROPPED = re.compile(r"^(\[rank\d+\]:|[WEI]\d{4} \d\d:|course: )")
 
 
-def cleaned(output: str) -> str:
+def cleaned(output: str, keep: str | None = None) -> str:
     lines = output.strip("\n").splitlines()
-    return "\n".join(line for line in lines if not DROPPED.match(line))
+    kept = [line for line in lines if not DROPPED.match(line)]
+    return "\n".join(line for line in kept if keep is None or re.search(keep, line))
 
 
 FACTS = {
@@ -73,9 +75,12 @@ class Recording:
     torchrun: tuple[str, ...] = ()  # torchrun's own options: launched by torchrun
     env: tuple[tuple[str, str], ...] = ()
     ordered: bool = True  # False: several processes print, the lines' order varies
+    starter: bool = False  # run lessons/ (lesson 09: the broken script), not solutions/
+    exit_code: int = 0  # what the command must exit with (a broken starter's failure)
+    keep: str | None = None  # a regular expression: only the lines it matches are kept
 
     def command(self) -> list[str]:
-        script = str(REPO_ROOT / "solutions" / self.script)
+        script = str(REPO_ROOT / ("lessons" if self.starter else "solutions") / self.script)
         if self.torchrun:
             return [
                 sys.executable,
@@ -128,6 +133,50 @@ RECORDINGS = (
         torchrun=(*TORCHRUN, "--max-restarts=1"),
         env=(("COURSE_KILL_RANK", "1"), ("COURSE_KILL_AT_STEP", "7")),
         ordered=False,
+    ),
+    Recording(
+        "09_oom",
+        "09_debugging/oom.py",
+        (),
+        "lesson 09's broken oom.py: the whole batch at once",
+        starter=True,
+        exit_code=1,
+    ),
+    Recording(
+        "09_oom_big",
+        "09_debugging/oom.py",
+        ("--budget-mb", "64", "--steps", "2"),
+        "lesson 09's broken oom.py with a budget the whole batch fits in",
+        starter=True,
+    ),
+    Recording(
+        "09_oom_fixed",
+        "09_debugging/oom.py",
+        ("--steps", "2"),
+        "lesson 09's oom.py, fixed: 128 images per forward and backward",
+    ),
+    Recording(
+        "09_unused",
+        "09_debugging/unused.py",
+        (),
+        "lesson 09's broken unused.py with TORCH_DISTRIBUTED_DEBUG=INFO (the error's key lines)",
+        env=(("TORCH_DISTRIBUTED_DEBUG", "INFO"),),
+        starter=True,
+        exit_code=1,
+        keep=r"^(step \d|RuntimeError|Parameters which|Parameter indices)",
+    ),
+    Recording(
+        "09_silent",
+        "09_debugging/silent.py",
+        (),
+        "lesson 09's broken silent.py: five mistakes, no error",
+        starter=True,
+    ),
+    Recording(
+        "09_silent_fixed",
+        "09_debugging/silent.py",
+        (),
+        "lesson 09's silent.py, fixed",
     ),
 )
 
@@ -193,9 +242,11 @@ def provenance() -> dict:
 
 def record(recording: Recording, cwd: Path) -> dict:
     result = run(recording, cwd)
-    if not result.ok:
-        raise RuntimeError(f"{recording.name}: the reference failed\n{result.describe()}")
-    output = cleaned(result.output)
+    if result.timed_out or result.returncode != recording.exit_code:
+        raise RuntimeError(
+            f"{recording.name}: expected exit code {recording.exit_code}\n{result.describe()}"
+        )
+    output = cleaned(result.output, recording.keep)
     return {
         "kind": "course-record",
         "name": recording.name,

@@ -8,7 +8,6 @@ Run it:
 
 import os
 import re
-import sys
 import tempfile
 from pathlib import Path
 
@@ -24,13 +23,12 @@ from course.runtime import exit_with_one_line, seed_everything
 def parse_args(argv=None):
     p = options.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nproc", type=options.positive_int, default=3, help="gloo ranks (default 3)")
-    p.add_argument("--batch-size", type=options.positive_int, default=32, help="per rank")
     p.add_argument("--timeout", type=float, default=15, help="process-group timeout, seconds")
     p.add_argument("--diagnose", action="store_true", help="run with DETAIL checks, diagnose")
     return p.parse_args(argv)
 
 
-def train(rank: int, world: int, batch_size: int) -> tuple[dict, int]:
+def train(rank: int, world: int, batch_size: int = 32) -> tuple[dict, int]:
     """One pass over this rank's shard, gradients averaged over the ranks; returns (the
     weights, the steps taken)."""
     seed_everything(0)
@@ -44,9 +42,8 @@ def train(rank: int, world: int, batch_size: int) -> tuple[dict, int]:
     # every rank take the same number of steps.
     steps = len(labels) // batch_size
     for step in range(steps):
-        x = images[step * batch_size : (step + 1) * batch_size]
-        y = labels[step * batch_size : (step + 1) * batch_size]
-        loss = F.cross_entropy(model(x), y)
+        batch = slice(step * batch_size, (step + 1) * batch_size)
+        loss = F.cross_entropy(model(images[batch]), labels[batch])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         for param in model.parameters():  # the mean gradient, as DDP makes it (lesson 06):
@@ -58,9 +55,8 @@ def train(rank: int, world: int, batch_size: int) -> tuple[dict, int]:
 
 
 # The collective names TORCH_DISTRIBUTED_DEBUG=DETAIL writes, as torch.distributed's functions.
-OP_NAMES = {"ALLREDUCE": "all_reduce", "BROADCAST": "broadcast", "ALLGATHER": "all_gather",
-            "BARRIER": "barrier", "REDUCE": "reduce", "GATHER": "gather", "SCATTER": "scatter",
-            "REDUCE_SCATTER": "reduce_scatter", "ALLTOALL": "all_to_all"}  # fmt: skip
+# (BROADCAST, BARRIER and the others are the function's name in capitals.)
+OP_NAMES = {"ALLREDUCE": "all_reduce", "ALLGATHER": "all_gather", "ALLTOALL": "all_to_all"}
 
 
 def diagnose(messages: dict[int, str]) -> tuple[int, str]:
@@ -71,13 +67,14 @@ def diagnose(messages: dict[int, str]) -> tuple[int, str]:
     # collective: CollectiveFingerPrint(SequenceNumber=1, OpType=ALLREDUCE, ..."). The
     # rank whose collective differs from the others' diverged; what the others run is
     # the collective it missed.
-    raise NotImplementedError("TODO at 09_debugging/hang.py:74 is not done yet")
+    raise NotImplementedError("TODO at 09_debugging/hang.py:70 is not done yet")
 
 
 def run(rank: int, world: int, port: int, args, errors: str) -> None:
+    torch.set_num_threads(ranks.cpu_share(world))
     ranks.join_local(rank, world, "gloo", port)
     try:
-        _, steps = train(rank, world, args.batch_size)
+        _, steps = train(rank, world)
         print(f"rank {rank}: {steps} steps")
     except Exception as err:
         if not args.diagnose:
@@ -92,7 +89,6 @@ def main(argv=None):
     os.environ["COURSE_PG_TIMEOUT"] = str(args.timeout)  # the ranks read both when they join
     if args.diagnose:
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-    torch.set_num_threads(ranks.cpu_share(args.nproc))
     with tempfile.TemporaryDirectory() as errors:
         try:
             mp.spawn(run, args=(args.nproc, ranks.free_port(), args, errors), nprocs=args.nproc)
@@ -105,8 +101,7 @@ def main(argv=None):
         print(f"diagnosis: rank {rank} is out of step; the others wait in {missed}")
         return 1
     print("done: every rank took the same number of steps")
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(exit_with_one_line(main))
+    raise SystemExit(exit_with_one_line(main))

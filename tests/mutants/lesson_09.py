@@ -77,9 +77,8 @@ MUTANTS = [
         name="diagnose_reads_the_checkers_collective",
         file=HANG,
         why="the op after 'but Rank N is running': the checker's own REDUCE, GATHER",
-        old=r'            r"OpType=(\w+)", message',
-        new=r'            r".*but Rank \d+ is running collective: CollectiveFingerPrint\("'
-        r'            r"SequenceNumber=\d+,? ?OpType=(\w+)", message',
+        old=r'r"Rank (\d+) is running collective: [^)]*?OpType',
+        new=r'r".*but Rank (\d+) is running collective: [^)]*?OpType',
         caught_by="diagnosis",
     ),
     dict(
