@@ -217,7 +217,6 @@ def test_hang_every_rank_takes_the_same_steps(calls):
 def test_diagnosis_names_the_rank_and_the_collective(calls):
     """For three runs with a planted skip (3 ranks: rank 1 skips an all_reduce, rank 2 a
     broadcast; 4 ranks: rank 0 an all_gather), diagnose names that rank and collective."""
-    Path("/tmp/l9/dbg.txt").write_text(calls.outcome.run.output)
     found = calls("hang_diagnosis")
     for (world, skip, op), answer in zip(found["plants"], found["answers"], strict=True):
         assert answer == [skip, op], (

@@ -312,6 +312,20 @@ class Outcome:
         return {key: self._tensors[f"{name}/{key}"] for key in keys}
 
 
+def _fork_cases() -> bool:
+    """Whether a case script may run in a fork of this process. Not where CUDA devices are
+    visible: CUDA cannot be used in a fork of a process that has initialised it, and once
+    this process has run a backward pass, autograd's device threads make backward fail in
+    every fork ("Unable to handle autograd's threading in combination with fork-based
+    multiprocessing", measured on an H200 with torch 2.11). There, a new interpreter."""
+    from course import procs
+
+    if not procs.can_fork():
+        return False
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.device_count() == 0
+
+
 def _case_child(script: Path, lesson_file: Path, out: Path, env: dict | None) -> int:
     """In a fork of the grader (procs.forked): the case script as `python script lesson out`
     would run it, with the environment procs gives every child."""
@@ -340,7 +354,7 @@ def run_cases(
     out = Path(folder) / "cases-out"
     env = {ONLY_ENV: ",".join(only)} if only is not None else None
     cancel = procs.current_cancel  # the lesson's file is known broken: launch nothing
-    if procs.can_fork() and not (cancel is not None and cancel.event.is_set()):
+    if _fork_cases() and not (cancel is not None and cancel.event.is_set()):
         # A fork of this process, which has imported torch and the course: 2-3 s of CPU
         # less than a new interpreter, for every case script of every grade.
         child = functools.partial(_case_child, script, lesson_file, out, env)

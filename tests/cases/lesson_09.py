@@ -4,7 +4,10 @@ Run by tests/test_09_debugging.py as `python lesson_09.py LESSON_FILE OUT_DIR`, 
 LESSON_FILE is the lesson's oom.py; the other exercises are its neighbours (unused.py,
 hang.py, silent.py). Every case returns what the exercise's functions produced, as
 plain data and tensors; the test computes its own reference and compares. hang_fixed
-runs last: a hang there would stop every later case (Cases.spawn).
+runs last of the cases that fork ranks: a hang there would stop every later one
+(Cases.spawn). memory_steps and unused_gradients run backward in this process, so they
+come after every fork: where a GPU is visible, a fork of a process that has run backward
+cannot run backward itself (autograd's device threads).
 """
 
 from __future__ import annotations
@@ -43,42 +46,7 @@ def spawn(target, world: int, *args, what: str) -> Path:
     return out
 
 
-# --- exercise 1: out of memory ------------------------------------------------------
-
-
-@cases.case
-def memory_steps(lesson):
-    """OOM_STEPS steps of train_step on one batch of OOM_BATCH digits, OOM_MICRO at a time,
-    each measured by this script's own meter; then one step at OOM_SMALL images."""
-    images, labels = (t[:OOM_BATCH] for t in data.digits()[0].tensors)
-    torch.manual_seed(OOM_SEED)
-    model = models.SmallCNN(norm="none")
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    peaks, losses = [], []
-    for _ in range(OOM_STEPS):
-        with memory.SavedTensors(model) as meter:
-            losses.append(float(lesson.train_step(model, optimizer, images, labels, OOM_MICRO)))
-        peaks.append(meter.peak)
-    small = models.SmallCNN(norm="none")
-    with memory.SavedTensors(small) as meter:
-        lesson.train_step(small, torch.optim.SGD(small.parameters(), lr=0.05), images, labels,
-                          OOM_SMALL)  # fmt: skip
-    extra = {"peaks": peaks, "losses": losses, "small_peak": meter.peak}
-    return Tensors(dict(model.state_dict()), extra=extra)
-
-
-# --- exercise 2: a parameter without a gradient ------------------------------------------
-
-
-@cases.case
-def unused_gradients(lesson):
-    """Names of the parameters of unused.Net() that one backward leaves without a gradient."""
-    module = sibling("unused.py", ("train",))
-    model = module.Net()
-    images, labels = (t[:16] for t in data.digits()[0].tensors)
-    F.cross_entropy(model(images), labels).backward()
-    names = [name for name, p in model.named_parameters()]
-    return {"missing": [n for n, p in model.named_parameters() if p.grad is None], "all": names}
+# --- exercise 2: a parameter without a gradient, in ranks --------------------------
 
 
 def _unused_rank(rank, world, port, out):
@@ -206,6 +174,41 @@ def hang_fixed(lesson):
         for key, value in torch.load(Path(out, f"{rank}.pt"), weights_only=True).items():
             got[f"{rank}/{key}"] = value
     return Tensors(got)
+
+
+# --- exercises 1 and 2 in this process, after every forked case (see the docstring) ----
+
+
+@cases.case
+def memory_steps(lesson):
+    """OOM_STEPS steps of train_step on one batch of OOM_BATCH digits, OOM_MICRO at a time,
+    each measured by this script's own meter; then one step at OOM_SMALL images."""
+    images, labels = (t[:OOM_BATCH] for t in data.digits()[0].tensors)
+    torch.manual_seed(OOM_SEED)
+    model = models.SmallCNN(norm="none")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    peaks, losses = [], []
+    for _ in range(OOM_STEPS):
+        with memory.SavedTensors(model) as meter:
+            losses.append(float(lesson.train_step(model, optimizer, images, labels, OOM_MICRO)))
+        peaks.append(meter.peak)
+    small = models.SmallCNN(norm="none")
+    with memory.SavedTensors(small) as meter:
+        lesson.train_step(small, torch.optim.SGD(small.parameters(), lr=0.05), images, labels,
+                          OOM_SMALL)  # fmt: skip
+    extra = {"peaks": peaks, "losses": losses, "small_peak": meter.peak}
+    return Tensors(dict(model.state_dict()), extra=extra)
+
+
+@cases.case
+def unused_gradients(lesson):
+    """Names of the parameters of unused.Net() that one backward leaves without a gradient."""
+    module = sibling("unused.py", ("train",))
+    model = module.Net()
+    images, labels = (t[:16] for t in data.digits()[0].tensors)
+    F.cross_entropy(model(images), labels).backward()
+    names = [name for name, p in model.named_parameters()]
+    return {"missing": [n for n, p in model.named_parameters() if p.grad is None], "all": names}
 
 
 if __name__ == "__main__":
