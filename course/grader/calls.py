@@ -329,10 +329,22 @@ def _fork_cases() -> bool:
 def _case_child(script: Path, lesson_file: Path, out: Path, env: dict | None) -> int:
     """In a fork of the grader (procs.forked): the case script as `python script lesson out`
     would run it, with the environment procs gives every child."""
+    import logging
     import runpy
+    import warnings
 
     from course import procs
 
+    # What pytest installed in this process is not the script's: its log handlers and
+    # warning hook write to descriptors the fork closed, where the ranks' sockets and
+    # files now are. Measured: a gloo rank of lesson 09's case script died of SIGBUS in
+    # every run with them (torch 2.8, and 2.14 in an xdist worker), never without.
+    for logger in [logging.root, *logging.root.manager.loggerDict.values()]:
+        if isinstance(logger, logging.Logger):
+            logger.handlers.clear()
+    logging.root.setLevel(logging.WARNING)
+    warnings.resetwarnings()
+    warnings.showwarning = warnings._showwarning_orig
     environment = procs.child_env(env)
     os.environ.clear()
     os.environ.update(environment)
