@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import timedelta
 
 
@@ -20,6 +21,25 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def port_answers(addr: str, port: int) -> bool:
+    """Whether something accepts a TCP connection at addr:port (within a second)."""
+    try:
+        socket.create_connection((addr, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def wait_until(deadline: float, ready) -> bool:
+    """Poll ready() every 0.1 s until it is true (True) or time.monotonic() passes
+    `deadline` (False): a silent wait with an exact end."""
+    while not ready():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def no_per_step_buffer_sync() -> dict[str, bool]:

@@ -32,6 +32,8 @@ from __future__ import annotations
 import copy
 import math
 import re
+import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,7 +42,8 @@ import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
 from course import data, lessons, memory, models, procs
-from course.grader.plugin import call_lesson, needed
+from course.grader.plugin import call_lesson, needed, shared
+from course.ranks import free_port
 
 LESSON = lessons.get("09")
 CASES = Path(__file__).with_name("cases") / "lesson_09.py"
@@ -226,7 +229,162 @@ def test_diagnosis_names_the_rank_and_the_collective(calls):
         )
 
 
-# --- exercise 4: silent wrong results ----------------------------------------------------
+# --- exercise 4: a job that cannot start ------------------------------------------------
+
+RDZV_TIMEOUT = 3  # rendezvous.py --timeout: how long a rank waits for the others
+# The bound each wrong setting must fail within: the timeout, plus starting Python and
+# importing torch (2.6 s on an idle 2-core machine; 20 s leaves room for a busy one).
+# PyTorch's defaults wait 30 minutes; the starter gives up after its --give-up (60 s).
+RDZV_BOUND = RDZV_TIMEOUT + 20
+RDZV_NAMES = ("good", "refused", "in_use", "world", "interface")
+_rendezvous: dict = {}
+
+
+def launch_rendezvous(impl, backend, tmp_path_factory, request):
+    """{scenario: {rank: RunResult}, "ports": {scenario: port}}: rendezvous.py launched
+    with each setting the requesting fixture's tests need, all at once.
+
+    good: ranks 0 and 1 of 2; refused: rank 1 alone (nothing listens at the port); in_use:
+    rank 0 on a port this process holds; world: rank 0 of 2 and rank 1 of 3, together;
+    interface: rank 0 of 1 with GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME) naming no interface."""
+
+    def launch():
+        script = LESSON.path(impl).with_name("rendezvous.py")
+        folder = tmp_path_factory.mktemp(f"rendezvous-{backend}")
+        holder = socket.socket()  # a port another program holds: bound and listening
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        ports = {name: free_port() for name in RDZV_NAMES}
+        ports["in_use"] = holder.getsockname()[1]
+        variable = "GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME"
+        setups = {
+            "good": [(0, 2), (1, 2)],
+            "refused": [(1, 2)],
+            "in_use": [(0, 2)],
+            "world": [(0, 2), (1, 3)],
+            "interface": [(0, 1)],
+        }
+        jobs = {}
+        for name in needed(request, RDZV_NAMES):
+            for rank, world in setups[name]:
+                env = dict(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
+                env["MASTER_PORT"] = str(ports[name])
+                if name == "interface":
+                    env[variable] = "nope0"
+                args = [script, "--backend", backend, "--timeout", str(RDZV_TIMEOUT)]
+                jobs[name, rank] = dict(
+                    args=[sys.executable, *map(str, args)], timeout=RDZV_BOUND, env=env,
+                    cwd=folder,
+                )  # fmt: skip
+        try:
+            results = procs.run_all(jobs)
+        finally:
+            holder.close()
+        found: dict = {"ports": ports}
+        for (name, rank), result in results.items():
+            found.setdefault(name, {})[rank] = result
+        return found
+
+    return shared(_rendezvous, (str(impl), backend, request.fixturename), launch)
+
+
+@pytest.fixture
+def rendezvous(impl, backend, tmp_path_factory, request):
+    """The settings whose behaviour depends on the backend (good, interface)."""
+    return launch_rendezvous(impl, backend, tmp_path_factory, request)
+
+
+@pytest.fixture
+def rendezvous_store(impl, tmp_path_factory, request):
+    """The settings that fail before any backend is involved (in the TCPStore), on gloo."""
+    return launch_rendezvous(impl, "gloo", tmp_path_factory, request)
+
+
+def fails_fast_in_one_line(result, setting: str) -> str:
+    """The last line of a launch that must fail within the bound, with no traceback and no
+    C++ frames (PyTorch's own warnings may precede it); fails otherwise."""
+    if result.timed_out:
+        pytest.fail(
+            f"{setting}: still running after {RDZV_BOUND} s (--timeout {RDZV_TIMEOUT}), and "
+            "killed. Likely cause: init_process_group's default timeout (30 minutes); wait "
+            f"at most --timeout seconds for the others\n{result.describe()}",
+            pytrace=False,
+        )
+    assert result.returncode != 0, f"{setting}: the launch succeeded\n{result.describe()}"
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    noise = [line for line in lines if "Traceback" in line or line.lstrip().startswith("frame #")]
+    assert lines and not noise, (
+        f"{setting}: expected a line that says what is wrong, got {len(lines)} lines, "
+        f"{len(noise)} of them a traceback's or C++ frames':\n" + "\n".join(lines[-12:])
+    )
+    return lines[-1]  # the message: what the process said last
+
+
+@pytest.mark.points(1)
+@pytest.mark.needs("good")
+def test_rendezvous_right_settings_join_and_all_reduce(rendezvous, backend):
+    """(Not a core test: the starter passes it.) Ranks 0 and 1 of 2, started together,
+    join and all-reduce: the fix still starts a job whose settings are right."""
+    for rank, result in rendezvous["good"].items():
+        assert result.ok, f"rank {rank}: {result.failure()}"
+        assert "all_reduce of ones gave 2" in result.output, f"rank {rank}: {result.output}"
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+@pytest.mark.needs("refused")
+def test_rendezvous_nobody_at_the_address_fails_fast(rendezvous_store):
+    """Rank 1 alone, nothing listening at MASTER_ADDR:MASTER_PORT: it fails within the
+    bound, in one line that names the address and the port."""
+    result = rendezvous_store["refused"][1]
+    line = fails_fast_in_one_line(result, "nobody at MASTER_ADDR:MASTER_PORT")
+    port = str(rendezvous_store["ports"]["refused"])
+    assert "127.0.0.1" in line and port in line, f"name 127.0.0.1 and port {port}: {line}"
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+@pytest.mark.needs("in_use")
+def test_rendezvous_port_in_use_fails_fast(rendezvous_store):
+    """Rank 0 on a port another program holds: one line that names the port as in use."""
+    result = rendezvous_store["in_use"][0]
+    line = fails_fast_in_one_line(result, "MASTER_PORT in use")
+    port = str(rendezvous_store["ports"]["in_use"])
+    assert port in line and "in use" in line.lower(), (
+        f"the message should name port {port} and say it is in use: {line}"
+    )
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+@pytest.mark.needs("world")
+def test_rendezvous_mismatched_world_sizes_fail_fast(rendezvous_store):
+    """Rank 0 started with WORLD_SIZE=2, rank 1 with 3: both fail within the bound, and
+    rank 0 (which knows the job's size) says so in one line that names both sizes. (Rank 1
+    may lose rank 0's store as rank 0 exits: only its exit within the bound is graded.)"""
+    line = fails_fast_in_one_line(rendezvous_store["world"][0], "rank 0 of world sizes 2 and 3")
+    assert re.search(r"\b2\b", line) and re.search(r"\b3\b", line), (
+        f"rank 0 (WORLD_SIZE=2) should name both world sizes, 2 and 3: {line}"
+    )
+    other = rendezvous_store["world"][1]
+    assert not other.timed_out and other.returncode != 0, (
+        f"rank 1 (WORLD_SIZE=3) should fail within {RDZV_BOUND} s\n{other.describe()}"
+    )
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+@pytest.mark.gpus(1)
+@pytest.mark.needs("interface")
+def test_rendezvous_missing_interface_fails_fast(rendezvous, backend):
+    """GLOO_SOCKET_IFNAME=nope0 (NCCL_SOCKET_IFNAME on nccl), an interface this machine
+    lacks: one line that names the variable and the interface."""
+    line = fails_fast_in_one_line(rendezvous["interface"][0], "a missing network interface")
+    variable = "GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME"
+    assert variable in line and "nope0" in line, f"name {variable} and nope0: {line}"
+
+
+# --- exercise 6: silent wrong results ----------------------------------------------------
 
 
 def silent_ranks(calls):

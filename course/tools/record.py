@@ -39,6 +39,7 @@ VOLATILE = [
     (re.compile(r"(Sending process )\d+"), r"\1N"),
     (re.compile(r"(of binary: )\S+"), r"\1python"),
     (re.compile(r"(did not receive grad for rank )\d+"), r"\1N"),  # the first rank to fail
+    (re.compile(r"Thread 0x[0-9a-f]+"), "Thread 0x..."),  # faulthandler's stacks
 ]
 # Lines a record leaves out, because whether and in which form they appear
 # varies from run to run: the traceback a surviving rank prints when its peer
@@ -50,6 +51,10 @@ DROPPED = re.compile(r"^(\[rank\d+\]:|[WEI]\d{4} \d\d:|course: )")
 
 
 def cleaned(output: str, keep: str | None = None) -> str:
+    """The output as a record keeps it: DROPPED lines out, only `keep`'s lines if given,
+    and paths relative to the course (a stack's files: the clone's folder varies)."""
+    output = re.sub(r'[^\s"]*/site-packages/', ".../site-packages/", output)
+    output = output.replace(f"{REPO_ROOT}/", "")
     lines = output.strip("\n").splitlines()
     kept = [line for line in lines if not DROPPED.match(line)]
     return "\n".join(line for line in kept if keep is None or re.search(keep, line))
@@ -98,6 +103,15 @@ class Recording:
         env = [f"{k}={v}" for k, v in self.env]
         return " ".join([*env, *launcher, f"lessons/{self.script}", *self.args])
 
+
+# rendezvous.py's settings for a rank that finds nobody: nothing listens at this port (below
+# the ports the OS hands out, 32768 and up; the other record of rendezvous.py uses 29532).
+RANK_1_ALONE = (
+    ("MASTER_ADDR", "127.0.0.1"),
+    ("MASTER_PORT", "29531"),
+    ("RANK", "1"),
+    ("WORLD_SIZE", "2"),
+)
 
 RECORDINGS = (
     Recording(
@@ -164,6 +178,40 @@ RECORDINGS = (
         starter=True,
         exit_code=1,
         keep=r"^(step \d|RuntimeError|Parameters which|Parameter indices)",
+    ),
+    Recording(
+        "09_rendezvous",
+        "09_debugging/rendezvous.py",
+        ("--give-up", "8"),
+        "lesson 09's broken rendezvous.py, rank 1 alone: nobody at MASTER_ADDR:MASTER_PORT",
+        env=RANK_1_ALONE,
+        starter=True,
+        exit_code=1,
+        keep=r"^(Timeout|Thread|  File)",
+    ),
+    Recording(
+        "09_rendezvous_fixed",
+        "09_debugging/rendezvous.py",
+        ("--timeout", "3"),
+        "lesson 09's rendezvous.py, fixed, rank 1 alone",
+        env=RANK_1_ALONE,
+        exit_code=2,
+    ),
+    Recording(
+        "09_rendezvous_interface",
+        "09_debugging/rendezvous.py",
+        (),
+        "lesson 09's broken rendezvous.py with GLOO_SOCKET_IFNAME naming no interface",
+        env=(
+            ("GLOO_SOCKET_IFNAME", "nope0"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29532"),
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+        ),
+        starter=True,
+        exit_code=1,
+        keep=r"^RuntimeError",
     ),
     Recording(
         "09_silent",

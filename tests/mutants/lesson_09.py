@@ -7,6 +7,7 @@ is the first mutant of each; the others are fixes that look right and are not.
 
 FILE = "09_debugging/oom.py"
 HANG, SILENT, UNUSED = "09_debugging/hang.py", "09_debugging/silent.py", "09_debugging/unused.py"
+RDZV = "09_debugging/rendezvous.py"
 
 MUTANTS = [
     # --- oom.py ---
@@ -89,6 +90,58 @@ MUTANTS = [
         new="    return odd[0], OP_NAMES.get(own[odd[0]], own[odd[0]].lower())\n",
         caught_by="diagnosis",
     ),
+    # --- rendezvous.py ---
+    dict(
+        name="rdzv_defaults",
+        file=RDZV,
+        why="the bug itself: init_process_group's env:// defaults, 30 minutes of waiting",
+        old="    if problem := interface_problem(backend):\n",
+        new="    dist.init_process_group(backend)\n    if problem := interface_problem(backend):\n",
+        caught_by="nobody_at_the_address",
+        says=("still running after",),
+    ),
+    dict(
+        name="rdzv_client_connects_without_waiting",
+        file=RDZV,
+        why="no wait for rank 0's port: TCPStore's own client retries for 5 minutes",
+        old="    if rank > 0 and not ranks.wait_until(",
+        new="    if False and not ranks.wait_until(",
+        caught_by="nobody_at_the_address",
+    ),
+    dict(
+        name="rdzv_port_in_use_called_unreachable",
+        file=RDZV,
+        why="every store error reported as 'nobody answered': a taken port is misnamed",
+        old='        if "EADDRINUSE" in str(err):  # another job, or an old one still running\n'
+        '            raise ConnectionError(f"MASTER_PORT {port} is in use here',
+        new="        if True:\n"
+        '            raise ConnectionError(f"nobody answered at {addr}:{port}',
+        caught_by="port_in_use",
+    ),
+    dict(
+        name="rdzv_world_sizes_not_compared",
+        file=RDZV,
+        why="the world sizes written but never compared: gloo's own timeout, a traceback",
+        old="        if size != world_size:\n",
+        new="        if size != world_size and False:\n",
+        caught_by="mismatched_world_sizes",
+    ),
+    dict(
+        name="rdzv_rank_0_reads_only_its_own",
+        file=RDZV,
+        why="every rank compares with rank 0's size only: rank 0 never sees the mismatch",
+        old="(range(world_size) if rank == 0 else [0])",
+        new="[0]",
+        caught_by="mismatched_world_sizes",
+    ),
+    dict(
+        name="rdzv_interface_not_checked",
+        file=RDZV,
+        why="no interface check: gloo's enforce failure, a traceback",
+        old="    if problem := interface_problem(backend):\n",
+        new="    if problem := None:\n",
+        caught_by="missing_interface",
+    ),
     # --- silent.py ---
     dict(
         name="silent_epoch_never_set",
@@ -163,7 +216,9 @@ ALTERNATIVES = [
         name="accumulate_by_share_and_other_honest_fixes",
         why="oom: each micro-batch's mean loss weighted by its share of the batch; unused: the "
         "head used in forward instead of removed; hang: DistributedSampler's padded shards; "
-        "silent: sampler.epoch set directly, seed + rank, the counts gathered with all_gather",
+        "rendezvous: rank 0 tries the port itself and exits with sys.exit, store.wait with a "
+        "timeout; silent: sampler.epoch set directly, seed + rank, the counts gathered with "
+        "all_gather",
         old='reduction="sum") / len(labels)\n',
         new=") * (len(y) / len(labels))\n",
         also=[
@@ -188,6 +243,34 @@ ALTERNATIVES = [
                 "    index = list(DistributedSampler(range(len(labels)), shuffle=False))\n"
                 "    images, labels = images[index], labels[index]\n"
                 "    steps = -(-len(labels) // batch_size)\n",
+            ),
+            dict(
+                file=RDZV,
+                old="    try:\n        store = dist.TCPStore(",
+                new="    if rank == 0:  # is the port free? take it for a moment\n"
+                "        probe = socket.socket()\n"
+                "        try:\n"
+                '            probe.bind(("", port))\n'
+                "        except OSError:\n"
+                '            sys.exit(f"rendezvous: MASTER_PORT {port} is in use here")\n'
+                "        finally:\n"
+                "            probe.close()\n"
+                "    try:\n        store = dist.TCPStore(",
+            ),
+            dict(
+                file=RDZV,
+                old="    if not ranks.wait_until(deadline, lambda: store.check(keys)):\n"
+                "        raise ConnectionError(\n",
+                new="    try:\n"
+                "        left = timedelta(seconds=max(deadline - time.monotonic(), 0.1))\n"
+                "        store.wait(keys, left)\n"
+                "    except dist.DistStoreError:\n"
+                "        raise ConnectionError(\n",
+            ),
+            dict(
+                file=RDZV,
+                old="        )\n    sizes = {",
+                new="        ) from None\n    sizes = {",
             ),
             dict(file=SILENT, old="sampler.set_epoch(epoch)\n", new="sampler.epoch = epoch\n"),
             dict(

@@ -1,0 +1,135 @@
+"""Lesson 09, exercise 4 - a job that cannot start: say why, within seconds, in one line.
+
+Run it (one process per rank; torchrun sets the same four variables):
+    export MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 WORLD_SIZE=2
+    RANK=0 python lessons/09_debugging/rendezvous.py &
+    RANK=1 python lessons/09_debugging/rendezvous.py
+Then break one setting at a time: RANK=1 alone (nobody at the address), a MASTER_PORT that
+another program holds, WORLD_SIZE=3 on one rank only, GLOO_SOCKET_IFNAME=nope0.
+    python -m course grade 09 -k rendezvous                   # grade your fix
+"""
+
+import faulthandler
+import os
+import socket
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from course import options, ranks
+from course.runtime import exit_with_one_line
+
+
+def parse_args(argv=None):
+    p = options.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    p.add_argument("--timeout", type=float, default=10, help="seconds to wait for the others")
+    p.add_argument("--give-up", type=float, default=60, metavar="S",
+                   help="safety net: after S seconds, print where it waits and exit")  # fmt: skip
+    return p.parse_args(argv)
+
+
+def interface_problem(backend: str) -> str | None:
+    """What is wrong with the network interface the environment names for `backend`, or None."""
+    variable = "GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME"
+    wanted = os.environ.get(variable, "")
+    here = [name for _, name in socket.if_nameindex()]
+    for name in filter(None, wanted.split(",")):
+        if name.startswith("^"):  # NCCL: an interface to avoid, not one to use
+            continue
+        # gloo wants exact names; NCCL matches a prefix unless the name starts with "=".
+        exact = backend == "gloo" or name.startswith("=")
+        name = name.removeprefix("=")
+        if not any(have == name if exact else have.startswith(name) for have in here):
+            return f"{variable}={wanted}: no interface {name!r} here (only {', '.join(here)})"
+    return None
+
+
+def join(backend: str, timeout: float) -> tuple[int, int]:
+    """Join the group that RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT describe; returns
+    (rank, world size). A setting that cannot work raises a one-line ValueError or
+    ConnectionError within about `timeout` seconds."""
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    # TODO: PyTorch's defaults wait up to 30 minutes, then print a wall of C++ frames, or
+    # fail at once with an error that does not say which setting is wrong. Check each
+    # setting, wait at most `timeout` seconds for the others, and raise one line that
+    # names the cause: a missing network interface, nobody listening at the address, a
+    # port another program holds, ranks started with different world sizes.
+    # HINT 1: Build the rendezvous yourself: a dist.TCPStore that rank 0 serves and the
+    #   others connect to, then init_process_group(store=..., rank=..., world_size=...,
+    #   timeout=...). Before a client connects, wait until rank 0's port answers (silent and
+    #   exact); then every rank writes its world size into the store and compares.
+    # HINT 2: interface_problem(backend); ranks.wait_until(deadline, lambda:
+    #   ranks.port_answers(addr, port)) before a client's TCPStore;
+    #   rank 0's TCPStore raises dist.DistNetworkError with "EADDRINUSE" in its message when
+    #   the port is taken; store.set(f"world_size/{rank}", ...), store.check(keys) and
+    #   store.get(key) (rank 0 reads every rank's, the others read rank 0's).
+    # HINT 3: raise ConnectionError(f"nobody answered at {addr}:{port} within ...") when
+    #   the wait runs out, ConnectionError(f"MASTER_PORT {port} is in use ...") for
+    #   EADDRINUSE, ValueError(f"rank {r} was started with WORLD_SIZE=..., rank {rank} with
+    #   ...") for a mismatch.
+    ### BEGIN BUG
+    #| dist.init_process_group(backend)  # env://: the defaults read the four variables
+    ### FIX
+    if problem := interface_problem(backend):
+        raise ValueError(problem)
+    deadline = time.monotonic() + timeout
+    # A client waits for rank 0's port in silence (TCPStore's own retries print C++ frames).
+    if rank > 0 and not ranks.wait_until(deadline, lambda: ranks.port_answers(addr, port)):
+        raise ConnectionError(
+            f"nobody answered at MASTER_ADDR:MASTER_PORT = {addr}:{port} within "
+            f"{timeout:g} s: is rank 0 running, with this address and port?"
+        )
+    try:
+        store = dist.TCPStore(addr, port, world_size, rank == 0, wait_for_workers=False)
+    except dist.DistNetworkError as err:
+        if "EADDRINUSE" in str(err):  # another job, or an old one still running
+            raise ConnectionError(f"MASTER_PORT {port} is in use here: pick a free port") from None
+        raise
+    # Every rank writes the world size it was started with; rank 0 reads them all, the
+    # others read rank 0's, and say so: rank 0 serves the store, it leaves after them.
+    store.set(f"world_size/{rank}", str(world_size))
+    keys = [f"world_size/{r}" for r in (range(world_size) if rank == 0 else [0])]
+    if not ranks.wait_until(deadline, lambda: store.check(keys)):
+        raise ConnectionError(
+            f"not every rank of WORLD_SIZE={world_size} reached {addr}:{port} within "
+            f"{timeout:g} s: is every rank started, with the same WORLD_SIZE?"
+        )
+    sizes = {int(key.split("/")[1]): int(store.get(key)) for key in keys}
+    store.set(f"read/{rank}", "")
+    if rank == 0:
+        ranks.wait_until(deadline, lambda: store.check([f"read/{r}" for r in sizes]))
+    for other, size in sizes.items():
+        if size != world_size:
+            raise ValueError(
+                f"rank {other} was started with WORLD_SIZE={size}, rank {rank} with "
+                f"WORLD_SIZE={world_size}: start every rank with the same one"
+            )
+    limit = timedelta(seconds=timeout)  # and a collective that waits longer raises
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=limit)
+    ### END BUG
+    return dist.get_rank(), dist.get_world_size()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # The safety net of the broken version: faulthandler prints every thread's stack (where
+    # it waits), then exits 1. A fixed join() has failed long before.
+    faulthandler.dump_traceback_later(args.give_up, exit=True)
+    rank, world_size = join(args.backend, args.timeout)
+    device = torch.device("cpu")
+    if args.backend == "nccl":  # one GPU per rank, as many ranks per machine as GPUs
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    ones = torch.ones(1, device=device)
+    dist.all_reduce(ones)  # the group works: every rank adds its 1
+    print(f"rank {rank}: joined {world_size} ranks; all_reduce of ones gave {ones.item():g}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(exit_with_one_line(main))
