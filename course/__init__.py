@@ -33,10 +33,12 @@ where a new helper goes:
     write_log, batch_log, weight_log, ddp_log, connect_log: what a rank did
     rank_output      each rank's stdout and stderr in a file of its own
     chaos            faults on purpose: kill a rank at a step, or mid-write
-    step_clock       when each optimizer step ended (for the benchmarks)
+    step_clock       when each optimizer step ended, and how long the next batch took
+                     to arrive (for the benchmarks and `course clock`)
 
-  course/tools/      the command-line tools: cli (python -m course), bench,
-                     bandwidth, record, durations, sizes, release, hints
+  course/tools/      the command-line tools: cli (python -m course), bench, clock,
+                     bandwidth, timeline, record (recordings), durations, sizes,
+                     release, hints
 
 The rules are tested (tests/test_course_layout.py): lessons import only the
 top level; the top level imports nothing below it; probes import nothing heavy

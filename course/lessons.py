@@ -139,9 +139,9 @@ LESSONS: tuple[Lesson, ...] = (
         script="oom.py",
         launcher="python",
         summary="Broken scripts to diagnose and fix: out of memory, unused parameters, a hang, "
-        "a job that cannot start, "
+        "a job that cannot start, a starved input pipeline, "
         "silent wrong results.",
-        exercises=("oom.py", "unused.py", "hang.py", "rendezvous.py", "silent.py"),
+        exercises=("oom.py", "unused.py", "hang.py", "rendezvous.py", "starved.py", "silent.py"),
     ),
 )
 

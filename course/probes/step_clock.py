@@ -14,6 +14,12 @@ GPU to finish (kernels run asynchronously: the CPU's clock alone would time
 the launches, not the work) and appends "<step> <seconds>" to
 DIR/rank<R>.<pid>.txt. The waits are only at window edges, so the GPU runs
 ahead of the CPU inside a window exactly as it does untimed.
+
+With COURSE_STEP_WAIT=1 as well, each line gets a third number: the seconds of
+the window that passed between an optimizer step's end and the next forward
+call of any module (a global forward pre-hook), which is where a training loop
+waits for its next batch. data_wait() turns that into the data-wait fraction.
+Off by default: a hook on every module's call is a (small) cost of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 
 LOG_ENV = "COURSE_STEP_LOG"
 EVERY_ENV = "COURSE_STEP_EVERY"
+WAIT_ENV = "COURSE_STEP_WAIT"
 
 
 def install() -> None:
@@ -35,16 +42,29 @@ def install() -> None:
 
     folder = Path(os.environ[LOG_ENV])
     every = max(1, int(os.environ.get(EVERY_ENV, "1")))
-    steps = 0
+    timed_waits = os.environ.get(WAIT_ENV) == "1"
+    steps, waited, step_end = 0, 0.0, None
+
+    def before_forward(_module, _args) -> None:
+        nonlocal waited, step_end
+        if step_end is not None:  # the first forward since the last step: the batch is here
+            waited += time.perf_counter() - step_end
+            step_end = None
+
+    if timed_waits:
+        torch.nn.modules.module.register_module_forward_pre_hook(before_forward)
 
     def after_step(_optimizer, _args, _kwargs) -> None:
-        nonlocal steps
+        nonlocal steps, waited, step_end
         steps += 1
         if steps % every:
+            step_end = time.perf_counter() if timed_waits else None
             return
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()  # this rank's current device: all its queued work
-        line = f"{steps} {time.perf_counter():.6f}\n"
+        now = time.perf_counter()
+        line = f"{steps} {now:.6f}" + (f" {waited:.6f}\n" if timed_waits else "\n")
+        waited, step_end = 0.0, (now if timed_waits else None)
         # O_APPEND, one write: a reader never sees half a line.
         fd = os.open(
             folder / f"rank{max(current_rank(), 0)}.{os.getpid()}.txt",
@@ -65,6 +85,19 @@ def read(folder: str | Path, rank: int = 0) -> list[tuple[int, float]]:
     for path in sorted(Path(folder).glob(f"rank{rank}.*.txt")):
         for line in path.read_text().splitlines():
             parts = line.split()
-            if len(parts) == 2:
+            if len(parts) in (2, 3):
                 points.append((int(parts[0]), float(parts[1])))
     return points
+
+
+def data_wait(folder: str | Path, rank: int = 0, skip: int = 1) -> float | None:
+    """The share of `rank`'s time, from the end of its window `skip` on, that it spent
+    between a step's end and the next forward (COURSE_STEP_WAIT=1's column); None
+    without such windows."""
+    rows = []
+    for path in sorted(Path(folder).glob(f"rank{rank}.*.txt")):
+        rows += [line.split() for line in path.read_text().splitlines()]
+    rows = [(float(r[1]), float(r[2])) for r in rows if len(r) == 3][skip:]
+    if len(rows) < 2 or rows[-1][0] <= rows[0][0]:
+        return None
+    return sum(wait for _, wait in rows[1:]) / (rows[-1][0] - rows[0][0])

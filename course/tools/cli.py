@@ -14,6 +14,7 @@ python -m course release [--check]         # regenerate lessons/ from solutions/
 python -m course record [NAME ...]         # re-record the outputs the pages show
 python -m course durations runs/suite.xml  # the suite's seconds by file and kind (--junitxml)
 python -m course timeline --out t.json     # backward and DDP's all-reduces on one time axis
+python -m course clock SCRIPT [ARGS]       # a script's steps and its data-wait fraction
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("record", help="record the reference outputs the site shows", add_help=False)
     sub.add_parser("bandwidth", help="all_reduce bandwidth by message size", add_help=False)
     sub.add_parser("timeline", help="one DDP step's backward and all-reduces", add_help=False)
+    sub.add_parser("clock", help="a script's steps and data-wait fraction", add_help=False)
     sub.add_parser(
         "durations", help="the test suite's seconds by file and kind, from a JUnit file",
         add_help=False,
@@ -218,6 +220,14 @@ def main(argv: list[str] | None = None) -> int:
             return timeline.main(argv[1:])
         except ValueError as err:
             print(f"python -m course timeline: error: {err}", file=sys.stderr)
+            return 2
+    if argv[:1] == ["clock"]:
+        from course.tools import clock
+
+        try:
+            return clock.main(argv[1:])
+        except FileNotFoundError as err:
+            print(f"python -m course clock: error: {err}", file=sys.stderr)
             return 2
     if argv[:1] == ["durations"]:
         from course.tools import durations

@@ -18,11 +18,10 @@ import datetime
 import json
 import platform
 import re
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from course import REPO_ROOT, atomic, procs
+from course.tools.recordings import RECORDINGS, Recording
 
 FOLDER = REPO_ROOT / "docs" / "results" / "outputs"
 
@@ -40,6 +39,9 @@ VOLATILE = [
     (re.compile(r"(of binary: )\S+"), r"\1python"),
     (re.compile(r"(did not receive grad for rank )\d+"), r"\1N"),  # the first rank to fail
     (re.compile(r"Thread 0x[0-9a-f]+"), "Thread 0x..."),  # faulthandler's stacks
+    # course clock's timings, and the data-wait share derived from them
+    (re.compile(r"steps [\d.]+ ms \([\d.]+ ms a step\)"), "steps N ms (N ms a step)"),
+    (re.compile(r"data wait \d+%"), "data wait N%"),
 ]
 # Lines a record leaves out, because whether and in which form they appear
 # varies from run to run: the traceback a surviving rank prints when its peer
@@ -66,167 +68,6 @@ FACTS = {
     "epoch1_test_loss": re.compile(r"epoch 1/\d+: .*?test loss ([\d.]+)"),
     "epoch1_accuracy": re.compile(r"epoch 1/\d+: .*?test accuracy ([\d.]+%)"),
 }
-
-
-TORCHRUN = ("--standalone", "--nproc_per_node=2")
-
-
-@dataclass(frozen=True)
-class Recording:
-    name: str
-    script: str  # relative to solutions/
-    args: tuple[str, ...]
-    what: str
-    torchrun: tuple[str, ...] = ()  # torchrun's own options: launched by torchrun
-    env: tuple[tuple[str, str], ...] = ()
-    ordered: bool = True  # False: several processes print, the lines' order varies
-    starter: bool = False  # run lessons/ (lesson 09: the broken script), not solutions/
-    exit_code: int = 0  # what the command must exit with (a broken starter's failure)
-    keep: str | None = None  # a regular expression: only the lines it matches are kept
-
-    def command(self) -> list[str]:
-        script = str(REPO_ROOT / ("lessons" if self.starter else "solutions") / self.script)
-        if self.torchrun:
-            return [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                *self.torchrun,
-                script,
-                *self.args,
-            ]
-        return [sys.executable, script, *self.args]
-
-    def shown(self) -> str:
-        """The command as a page shows it (the starter's path: what a student runs)."""
-        launcher = ["torchrun", *self.torchrun] if self.torchrun else ["python"]
-        env = [f"{k}={v}" for k, v in self.env]
-        return " ".join([*env, *launcher, f"lessons/{self.script}", *self.args])
-
-
-# rendezvous.py's settings for a rank that finds nobody: nothing listens at this port (below
-# the ports the OS hands out, 32768 and up; the other record of rendezvous.py uses 29532).
-RANK_1_ALONE = (
-    ("MASTER_ADDR", "127.0.0.1"),
-    ("MASTER_PORT", "29531"),
-    ("RANK", "1"),
-    ("WORLD_SIZE", "2"),
-)
-
-RECORDINGS = (
-    Recording(
-        "01_cpu",
-        "01_single_device/train.py",
-        ("--device", "cpu", "--epochs", "3"),
-        "lesson 01, the default 3 epochs on the CPU",
-    ),
-    Recording(
-        "01_cpu_10",
-        "01_single_device/train.py",
-        ("--device", "cpu", "--epochs", "10", "--quiet"),
-        "lesson 01, 10 epochs on the CPU",
-    ),
-    Recording(
-        "02_cpu",
-        "02_data_parallel/train_dp.py",
-        ("--device", "cpu", "--epochs", "1"),
-        "lesson 02 on a machine without GPUs: the plain model, one epoch",
-    ),
-    Recording(
-        "03_gloo",
-        "03_ddp_spawn/train.py",
-        ("--nproc", "2", "--backend", "gloo", "--epochs", "3"),
-        "lesson 03, two gloo ranks on the CPU",
-    ),
-    Recording(
-        "04_kill",
-        "04_torchrun/train.py",
-        ("--backend", "gloo", "--snapshot", "snap.pt", "--snapshot-every", "4")
-        + ("--epochs", "2", "--batch-size", "128"),
-        "lesson 04: rank 1 killed after step 7, torchrun restarts the group once",
-        torchrun=(*TORCHRUN, "--max-restarts=1"),
-        env=(("COURSE_KILL_RANK", "1"), ("COURSE_KILL_AT_STEP", "7")),
-        ordered=False,
-    ),
-    Recording(
-        "09_oom",
-        "09_debugging/oom.py",
-        (),
-        "lesson 09's broken oom.py: the whole batch at once",
-        starter=True,
-        exit_code=1,
-    ),
-    Recording(
-        "09_oom_big",
-        "09_debugging/oom.py",
-        ("--budget-mb", "64", "--steps", "2"),
-        "lesson 09's broken oom.py with a budget the whole batch fits in",
-        starter=True,
-    ),
-    Recording(
-        "09_oom_fixed",
-        "09_debugging/oom.py",
-        ("--steps", "2"),
-        "lesson 09's oom.py, fixed: 128 images per forward and backward",
-    ),
-    Recording(
-        "09_unused",
-        "09_debugging/unused.py",
-        (),
-        "lesson 09's broken unused.py with TORCH_DISTRIBUTED_DEBUG=INFO (the error's key lines)",
-        env=(("TORCH_DISTRIBUTED_DEBUG", "INFO"),),
-        starter=True,
-        exit_code=1,
-        keep=r"^(step \d|RuntimeError|Parameters which|Parameter indices)",
-    ),
-    Recording(
-        "09_rendezvous",
-        "09_debugging/rendezvous.py",
-        ("--give-up", "8"),
-        "lesson 09's broken rendezvous.py, rank 1 alone: nobody at MASTER_ADDR:MASTER_PORT",
-        env=RANK_1_ALONE,
-        starter=True,
-        exit_code=1,
-        keep=r"^(Timeout|Thread|  File)",
-    ),
-    Recording(
-        "09_rendezvous_fixed",
-        "09_debugging/rendezvous.py",
-        ("--timeout", "3"),
-        "lesson 09's rendezvous.py, fixed, rank 1 alone",
-        env=RANK_1_ALONE,
-        exit_code=2,
-    ),
-    Recording(
-        "09_rendezvous_interface",
-        "09_debugging/rendezvous.py",
-        (),
-        "lesson 09's broken rendezvous.py with GLOO_SOCKET_IFNAME naming no interface",
-        env=(
-            ("GLOO_SOCKET_IFNAME", "nope0"),
-            ("MASTER_ADDR", "127.0.0.1"),
-            ("MASTER_PORT", "29532"),
-            ("RANK", "0"),
-            ("WORLD_SIZE", "1"),
-        ),
-        starter=True,
-        exit_code=1,
-        keep=r"^RuntimeError",
-    ),
-    Recording(
-        "09_silent",
-        "09_debugging/silent.py",
-        (),
-        "lesson 09's broken silent.py: five mistakes, no error",
-        starter=True,
-    ),
-    Recording(
-        "09_silent_fixed",
-        "09_debugging/silent.py",
-        (),
-        "lesson 09's silent.py, fixed",
-    ),
-)
 
 
 def masked(text: str) -> str:

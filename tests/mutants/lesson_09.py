@@ -7,7 +7,7 @@ is the first mutant of each; the others are fixes that look right and are not.
 
 FILE = "09_debugging/oom.py"
 HANG, SILENT, UNUSED = "09_debugging/hang.py", "09_debugging/silent.py", "09_debugging/unused.py"
-RDZV = "09_debugging/rendezvous.py"
+RDZV, STARVED = "09_debugging/rendezvous.py", "09_debugging/starved.py"
 
 MUTANTS = [
     # --- oom.py ---
@@ -142,6 +142,31 @@ MUTANTS = [
         new="    if problem := None:\n",
         caught_by="missing_interface",
     ),
+    # --- starved.py ---
+    dict(
+        name="starved_no_workers",
+        file=STARVED,
+        why="the bug itself: every batch read by the training process",
+        old="    ahead = dict(persistent_workers=True, prefetch_factor=4) if workers else {}\n",
+        new="    return DataLoader(dataset, batch_size, sampler=sampler)\n",
+        caught_by="cut_the_data_wait",
+    ),
+    dict(
+        name="starved_one_worker",
+        file=STARVED,
+        why="one worker whatever `workers` says: it reads as slowly as the loop did",
+        old="sampler=sampler, num_workers=workers,",
+        new="sampler=sampler, num_workers=min(workers, 1),",
+        caught_by="cut_the_data_wait",
+    ),
+    dict(
+        name="starved_shuffle_of_its_own",
+        file=STARVED,
+        why="shuffle=True instead of the sampler: other batches than the sampler's",
+        old="dataset, batch_size, sampler=sampler, num_workers=workers,",
+        new="dataset, batch_size, shuffle=True, num_workers=workers,",
+        caught_by="not_which",
+    ),
     # --- silent.py ---
     dict(
         name="silent_epoch_never_set",
@@ -217,8 +242,8 @@ ALTERNATIVES = [
         why="oom: each micro-batch's mean loss weighted by its share of the batch; unused: the "
         "head used in forward instead of removed; hang: DistributedSampler's padded shards; "
         "rendezvous: rank 0 tries the port itself and exits with sys.exit, store.wait with a "
-        "timeout; silent: sampler.epoch set directly, seed + rank, the counts gathered with "
-        "all_gather",
+        "timeout; starved: DataLoader's defaults besides the workers; silent: sampler.epoch "
+        "set directly, seed + rank, the counts gathered with all_gather",
         old='reduction="sum") / len(labels)\n',
         new=") * (len(y) / len(labels))\n",
         also=[
@@ -271,6 +296,11 @@ ALTERNATIVES = [
                 file=RDZV,
                 old="        )\n    sizes = {",
                 new="        ) from None\n    sizes = {",
+            ),
+            dict(
+                file=STARVED,
+                old="    ahead = dict(persistent_workers=True, prefetch_factor=4) if",
+                new="    ahead = {}  # DataLoader's defaults\n    _ = 0 if",
             ),
             dict(file=SILENT, old="sampler.set_epoch(epoch)\n", new="sampler.epoch = epoch\n"),
             dict(

@@ -1,0 +1,51 @@
+"""`python -m course clock`: the step clock's data-wait fraction, on scripts whose waits
+are known (course/tools/clock.py, course/probes/step_clock.py)."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from course import procs
+
+SCRIPT = """
+import time, torch
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(40):
+    time.sleep({before})  # "waiting for the batch": between the step and the next forward
+    loss = model(torch.ones(8, 4)).sum()
+    time.sleep({during})  # "the GPU computing": inside the step
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+print("trained")
+"""
+
+
+def clock(tmp_path, before: float, during: float):
+    script = tmp_path / f"train_{before}_{during}.py"
+    script.write_text(SCRIPT.format(before=before, during=during))
+    return procs.run([sys.executable, "-m", "course", "clock", str(script)], timeout=60)
+
+
+def test_clock_reports_the_data_wait_of_a_script(tmp_path):
+    """10 ms of waiting before each forward and none inside the step: a data wait near
+    100 %; the same 10 ms inside the step instead: near 0 %. Sleeps, so load does not
+    move the figures much; the bounds (>= 80 %, <= 20 %) leave room for it."""
+    starved, fed = clock(tmp_path, 0.01, 0), clock(tmp_path, 0, 0.01)
+    shares = []
+    for result in (starved, fed):
+        assert result.ok and "trained" in result.output, result.failure()
+        found = re.search(r"clock: 40 steps; .*\nclock: data wait (\d+)%", result.output)
+        assert found, f"expected the steps and the data wait:\n{result.output}"
+        shares.append(int(found.group(1)))
+    assert shares[0] >= 80 and shares[1] <= 20, f"data waits {shares} (expected >= 80, <= 20)"
+
+
+def test_clock_of_a_missing_script_is_one_line(tmp_path):
+    result = procs.run(
+        [sys.executable, "-m", "course", "clock", str(tmp_path / "nope.py")], timeout=60
+    )
+    assert result.returncode == 2, result.describe()
+    assert result.output.strip().count("\n") == 0 and "nope.py: not found" in result.output
