@@ -354,6 +354,77 @@ def test_a_snapshot_from_another_number_of_ranks_is_refused(runs, backend):
     assert re.search(r"\b2\b", errors[-1]) and re.search(r"\b1\b", errors[-1]), errors[-1]
 
 
+_calls: dict = {}
+
+
+@pytest.fixture
+def snapshot_calls(impl, tmp_path_factory):
+    """The case script's snapshot cases, in one child, once per graded folder."""
+    if str(impl) not in _calls:
+        folder = tmp_path_factory.mktemp("cases")
+        only = ["snapshot_round_trip", "snapshot_other_world"]
+        _calls[str(impl)] = call_lesson(impl, LESSON, CASES, folder, only=only)
+    return _calls[str(impl)]
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+def test_a_snapshot_restores_weights_optimizer_and_generator(snapshot_calls):
+    """save_snapshot, then load_snapshot into another model and optimizer (one rank, no
+    torchrun): the weights, SGD's momentum and the random generator come back as saved,
+    and load_snapshot returns (epoch, batches done, step) as given to save_snapshot."""
+    got = snapshot_calls.tensors("snapshot_round_trip")
+    found = snapshot_calls("snapshot_round_trip")
+    assert found["returned"] == [1, 3, 7], (
+        f"save_snapshot(..., epoch=1, batches_done=3, step=7), then load_snapshot returned "
+        f"{found['returned']}"
+    )
+    for part, cause in (
+        ("", "the model's weights are not restored"),
+        ("_momentum", "the optimizer's state is not restored (load its state_dict)"),
+    ):
+        saved = {k.split("/", 1)[1]: v for k, v in got.items() if k.startswith(f"saved{part}/")}
+        loaded = {k.split("/", 1)[1]: v for k, v in got.items() if k.startswith(f"loaded{part}/")}
+        different = [k for k in saved if k not in loaded or not torch.equal(saved[k], loaded[k])]
+        assert saved and not different, f"after load_snapshot {different[:3]} differ: {cause}"
+    after_save, after_load = got["rng"]
+    assert torch.equal(after_save, after_load), (
+        "after load_snapshot the random generator draws other numbers than it did right "
+        "after save_snapshot: restore this rank's generator states"
+    )
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+def test_a_snapshot_is_put_in_place_by_a_rename(snapshot_calls):
+    """Replacing snapshot.pt writes a temporary file and renames it onto the name, never
+    opening snapshot.pt itself for writing: a crash mid-write leaves the old one whole."""
+    writes = snapshot_calls("snapshot_round_trip")["writes"]
+    assert writes == ["renamed onto"], (
+        f"replacing snapshot.pt: {writes or 'not written at all'}. Expected one rename of a "
+        "finished temporary file onto it (course.checkpoint.save does that); a write in "
+        "place leaves half a file when the process dies mid-write"
+    )
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+def test_load_snapshot_refuses_another_world_size(snapshot_calls):
+    """A snapshot saved by 2 ranks (save_snapshot in a group of 2), loaded in a group of 1:
+    load_snapshot raises ValueError naming both world sizes."""
+    found = snapshot_calls("snapshot_other_world")
+    assert found["raised"] == "ValueError", (
+        f"load_snapshot of a 2-rank snapshot in a 1-rank group raised {found['raised']}"
+        f"{': ' + found.get('message', '') if found['raised'] else ''}; expected ValueError: "
+        "its shards and batch positions would not line up. Compare the snapshot's world "
+        "size with dist.get_world_size()"
+    )
+    message = found["message"]
+    assert re.search(r"\b2\b", message) and re.search(r"\b1\b", message), (
+        f"name both world sizes, 2 and 1: {message}"
+    )
+
+
 @pytest.mark.points(1)
 def test_refuses_to_run_without_torchrun(impl, tmp_path):
     """Started without torchrun (no LOCAL_RANK), the script says how to start it."""

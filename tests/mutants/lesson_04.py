@@ -28,14 +28,14 @@ MUTANTS = [
         why="load_snapshot forgets the optimizer: SGD resumes without its momentum",
         old='    optimizer.load_state_dict(state["optimizer"])\n',
         new="",
-        caught_by="killed_rank",
+        caught_by="snapshot_restores",
     ),
     dict(
         name="world_size_not_checked",
         why="a 2-rank snapshot resumed by 1 rank: shards and batch positions no longer line up",
         old='    if state["world_size"] != world_size:\n',
         new="    if False:\n",
-        caught_by="another_number_of_ranks",
+        caught_by="refuses_another_world_size",
     ),
     dict(
         name="done_reset_too_early",
@@ -56,7 +56,7 @@ MUTANTS = [
         why="torch.save straight onto the snapshot: a crash mid-write destroys it",
         old="        checkpoint.save(state, path)\n",
         new="        torch.save(state, path)\n",
-        caught_by="kill_during_snapshot",
+        caught_by="put_in_place_by_a_rename",
     ),
 ]
 
