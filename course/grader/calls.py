@@ -192,7 +192,9 @@ class Cases:
         self.cases[function.__name__] = function
         return function
 
-    def spawn(self, target: Callable, world: int, *args, what: str, cuda: bool = False) -> None:
+    def spawn(
+        self, target: Callable, world: int, *args, what: str, cuda: bool = False, ddp: bool = False
+    ) -> None:
         """Run target(rank, world, port, *args) in `world` ranks, on a free port.
 
         CPU ranks are forked from this process, which has imported torch and the lesson
@@ -201,7 +203,9 @@ class Cases:
 
         Ranks that deadlock wait for the process-group timeout, half the grader's deadline
         for the case script: after one such case the others would not fit in the rest, so
-        every later call raises at once, naming `what` timed out. Which rank's error
+        every later call raises at once, naming `what` timed out. ddp: the ranks build
+        DistributedDataParallel, whose constructor imports torch._dynamo (2 s of CPU):
+        imported here once, before the fork, instead of once in every rank. Which rank's error
         mp.spawn reports is a race: the first rank to time out leaves, and its peer may
         fail first with "connection closed". Each rank therefore writes its own error, and
         a timeout on any rank is reported as the case's."""
@@ -214,6 +218,8 @@ class Cases:
         if self.hung:
             raise RuntimeError(f"not run: the {self.hung} timed out (see that test)")
         errors = Path(tempfile.mkdtemp(prefix="rank-errors-", dir=self.out.parent))
+        if ddp and not cuda:
+            import torch._dynamo  # noqa: F401 - inherited by the forked ranks
         try:
             args = (target, str(errors), world, ranks.free_port(), *args)
             method = "spawn" if cuda else "fork"

@@ -103,7 +103,9 @@ def snapshot_round_trip(lesson):
     was written."""
     out = cases.out / "round-trip"
     out.mkdir(parents=True, exist_ok=True)
-    cases.spawn(_round_trip_rank, 1, str(out), str(cases.lesson_file), what="snapshot round trip")
+    cases.spawn(
+        _round_trip_rank, 1, str(out), str(cases.lesson_file), what="snapshot round trip", ddp=True
+    )
     found = torch.load(out / "found.pt", weights_only=True)
     tensors = {f"saved/{k}": v for k, v in found["saved"].items()}
     tensors |= {f"loaded/{k}": v for k, v in found["loaded"].items()}
@@ -154,8 +156,8 @@ def snapshot_other_world(lesson):
     """A snapshot that 2 ranks saved, loaded by a group of 1: what load_snapshot raised."""
     out = cases.out / "other-world"
     out.mkdir(parents=True, exist_ok=True)
-    cases.spawn(_save_rank, 2, str(out), str(cases.lesson_file), what="2-rank snapshot")
-    cases.spawn(_load_rank, 1, str(out), str(cases.lesson_file), what="1-rank load")
+    cases.spawn(_save_rank, 2, str(out), str(cases.lesson_file), what="2-rank snapshot", ddp=True)
+    cases.spawn(_load_rank, 1, str(out), str(cases.lesson_file), what="1-rank load", ddp=True)
     return json.loads((out / "found.json").read_text())
 
 

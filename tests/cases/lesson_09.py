@@ -38,11 +38,11 @@ def sibling(name: str, requires: tuple[str, ...]):
     return submission.load(cases.lesson_file.with_name(name), requires=requires)
 
 
-def spawn(target, world: int, *args, what: str) -> Path:
+def spawn(target, world: int, *args, what: str, ddp: bool = False) -> Path:
     out = cases.out / what.replace(" ", "-")
     out.mkdir(parents=True, exist_ok=True)
     os.environ["COURSE_PG_TIMEOUT"] = str(PG_TIMEOUT_S)  # the ranks read it as they join
-    cases.spawn(target, world, str(out), *args, what=what)
+    cases.spawn(target, world, str(out), *args, what=what, ddp=ddp)
     return out
 
 
@@ -63,7 +63,7 @@ def _unused_rank(rank, world, port, out):
 @cases.case
 def unused_ddp(lesson):
     """unused.train on 2 gloo ranks, 3 steps: each rank's weights afterwards."""
-    out = spawn(_unused_rank, 2, what="unused ddp")
+    out = spawn(_unused_rank, 2, what="unused ddp", ddp=True)
     got = {}
     for rank in range(2):
         for key, value in torch.load(Path(out, f"{rank}.pt"), weights_only=True).items():
@@ -104,7 +104,7 @@ def silent(lesson):
     folders = [cases.out / f"silent-rank{r}" for r in range(2)]
     for folder in folders:
         folder.mkdir(parents=True, exist_ok=True)
-    out = spawn(_silent_rank, 2, [str(f) for f in folders], what="silent")
+    out = spawn(_silent_rank, 2, [str(f) for f in folders], what="silent", ddp=True)
     found = [json.loads(Path(out, f"{rank}.json").read_text()) for rank in range(2)]
     written = {r: sorted(p.name for p in folders[r].iterdir()) for r in range(2)}
     tensors = {f"trained/{k}": v for k, v in torch.load(Path(out, "0.pt")).items()}
