@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
 from course import checkpoint, lessons, procs
 from course.grader import judge
-from course.grader.plugin import needed
+from course.grader.plugin import call_lesson, needed
 from course.probes import ddp_log, weight_log
 from course.probes.ddp_log import LOG_ENV as DDP_ENV
 from course.probes.weight_log import LOG_ENV as REPLICA_ENV
@@ -257,3 +258,81 @@ def test_static_graph_from_the_command_line_reaches_ddp(runs, backend):
     """--static-graph changes the DDP that trains `learn`; its other options stay DDP's
     defaults (25 MB buckets, gradients in the buckets, as in lesson 03)."""
     built_with(runs, "learn", "--static-graph", 25.0, True, True)
+
+
+# --- train_one_epoch alone, in two forked ranks (tests/cases/lesson_08.py) ---------------
+
+CASES = Path(__file__).with_name("cases") / "lesson_08.py"
+CASE_STEPS, CASE_K, CASE_MICRO, CASE_LR = 2, 4, 8, 0.1  # as in the case script
+_calls: dict = {}
+
+
+@pytest.fixture
+def accumulate_calls(impl, tmp_path_factory):
+    if str(impl) not in _calls:
+        folder = tmp_path_factory.mktemp("cases")
+        _calls[str(impl)] = call_lesson(impl, LESSON, CASES, folder, only=["accumulate"])
+    return _calls[str(impl)]
+
+
+def case_reference() -> dict:
+    """One process, the case's model and data: each step one batch of both ranks' 4
+    micro-batches together (64 images), one SGD step on its mean loss."""
+    import torch
+    import torch.nn.functional as F
+
+    from course import models
+
+    batches = []
+    for rank in range(2):
+        gen = torch.Generator().manual_seed(100 + rank)
+        batches.append([
+            (torch.randn(CASE_MICRO, 1, 8, 8, generator=gen),
+             torch.randint(0, 10, (CASE_MICRO,), generator=gen))
+            for _ in range(CASE_STEPS * CASE_K)
+        ])  # fmt: skip
+    torch.manual_seed(0)
+    model = models.SmallCNN(norm="none")
+    optimizer = torch.optim.SGD(model.parameters(), lr=CASE_LR)
+    for step in range(CASE_STEPS):
+        part = slice(step * CASE_K, (step + 1) * CASE_K)
+        images = torch.cat([x for rank in batches for x, _ in rank[part]])
+        labels = torch.cat([y for rank in batches for _, y in rank[part]])
+        optimizer.zero_grad()
+        F.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+    return model.state_dict()
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+def test_train_one_epoch_accumulates_into_the_large_batch_step(accumulate_calls):
+    """train_one_epoch with accumulate=4, on 2 ranks of 4 micro-batches of 8 a step, ends
+    with the weights of one step a batch of 64 (computed here), on both ranks."""
+    got, want = accumulate_calls.tensors("accumulate"), case_reference()
+    for rank in range(2):
+        mine = {k.split("/", 1)[1]: v for k, v in got.items() if k.startswith(f"{rank}/")}
+        worst = max((mine[k].double() - want[k].double()).abs().max().item() for k in want)
+        assert worst <= ATOL, (
+            f"rank {rank} ends {worst:.2e} from one step a batch of 64 (allowed {ATOL:g}). "
+            "Likely causes: each micro-batch's loss is not divided by accumulate, the "
+            "gradients are cleared between micro-batches, or the optimizer steps after every one"
+        )
+    counts = accumulate_calls("accumulate")["ranks"]
+    assert [c["steps"] for c in counts] == [CASE_STEPS] * 2, f"steps returned: {counts}"
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+def test_train_one_epoch_all_reduces_once_per_step(accumulate_calls):
+    """Over 2 steps of 4 micro-batches, DDP sends its one bucket twice per rank (counted
+    by a communication hook): once per optimizer step, never per micro-batch."""
+    sent = [c["all_reduces"] for c in accumulate_calls("accumulate")["ranks"]]
+    assert sent == [CASE_STEPS] * 2, (
+        f"DDP all-reduced {sent} times on ranks 0 and 1 over {CASE_STEPS} steps of {CASE_K} "
+        f"micro-batches; expected {CASE_STEPS}. "
+        + ("Likely cause: the last micro-batch runs inside no_sync() too"
+           if min(sent) == 0 else
+           "Likely cause: forward and backward of the first micro-batches do not both run "
+           "inside model.no_sync()")
+    )  # fmt: skip
