@@ -388,19 +388,23 @@ def test_rendezvous_missing_interface_fails_fast(rendezvous, backend):
 # --- exercise 5: starved by the input pipeline --------------------------------------------
 
 # starved.py with --workers 0 and 4, at once, under the step clock (course/probes/
-# step_clock.py, COURSE_STEP_WAIT=1): the data-wait fraction is the share of the time
-# between a step's end and the next forward, from the second window of 5 steps on. With
-# the reference, 4 workers over 0 measured 0.36 to 0.40 on an idle 2-core machine (3
-# runs) and 0.36 to 0.44 with a busy loop on one core (3 runs); 1 worker, 0.93. The test
-# allows 0.6. The fraction is a ratio of times within one run, and the test a ratio of two
-# runs side by side: no absolute time is asserted.
-STARVED_WORKERS, STARVED_RATIO, STARVED_LOSS = 4, 0.6, 0.5
+# step_clock.py, COURSE_STEP_WAIT=1): the data wait is the time between a step's end and the
+# next forward, from the second window of 5 steps on. Its share of the run (the data-wait
+# fraction) moves with the machine's load, as the model's step slows down; the wait per step
+# of the broken loader is the reading itself, a sleep, and barely does. So the test compares
+# the wait per step of the two runs, side by side: with the reference, 4 workers over 0
+# measured 0.11 and 0.12 on an idle 2-core machine, 0.25 and 0.26 with two busy loops on its
+# two cores (the fractions: 0.26-0.33 against 0.73-0.76 idle, 0.31-0.36 against 0.61-0.65
+# loaded). The test allows 0.5; one worker instead of 4 is about 0.7. No absolute time is
+# asserted: a ratio of two runs within one test.
+STARVED_WORKERS, STARVED_RATIO, STARVED_LOSS = 4, 0.5, 0.5
 _starved: dict = {}
 
 
 @pytest.fixture
 def starved(impl, tmp_path_factory):
-    """{workers: (RunResult, data-wait fraction or None)} for --workers 0 and 4."""
+    """{workers: (RunResult, (data-wait fraction, seconds per step) or None)} for
+    --workers 0 and 4."""
 
     def launch():
         script = LESSON.path(impl).with_name("starved.py")
@@ -413,7 +417,13 @@ def starved(impl, tmp_path_factory):
             args = [sys.executable, str(script), "--workers", str(workers)]
             jobs[workers] = dict(args=args, timeout=90, env=env, cwd=folder)
         results = procs.run_all(jobs)
-        return {w: (r, step_clock.data_wait(folders[w] / "clock")) for w, r in results.items()}
+        found = {}
+        for workers, result in results.items():
+            clock = folders[workers] / "clock"
+            share = step_clock.data_wait(clock)
+            per_step = step_clock.data_wait(clock, per_step=True)
+            found[workers] = (result, None if share is None else (share, per_step))
+        return found
 
     return shared(_starved, str(impl), launch)
 
@@ -425,17 +435,19 @@ def losses(result) -> list[float]:
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_starved_workers_cut_the_data_wait(starved):
-    """With --workers 4 the loop waits for data at most 0.6 as long a share of its time as
-    with --workers 0 (the data-wait fraction, measured by the course's step clock)."""
+    """With --workers 4 the loop waits for each batch at most half as long as with
+    --workers 0 (the data wait, measured by the course's step clock)."""
     for workers, (result, _) in starved.items():
         assert result.ok, f"--workers {workers}: {result.failure()}"
     (_, none), (_, some) = starved[0], starved[STARVED_WORKERS]
     assert none is not None and some is not None, "the step clock saw no optimizer steps"
-    assert some <= STARVED_RATIO * none, (
-        f"the data wait was {none:.0%} of the time with --workers 0 and {some:.0%} with "
-        f"--workers {STARVED_WORKERS} (expected at most {STARVED_RATIO:g} times the first). "
-        "Likely cause: make_loader reads every batch in the training process: start "
-        "`workers` DataLoader processes, and let them prepare batches ahead"
+    assert some[1] <= STARVED_RATIO * none[1], (
+        f"the loop waited {none[1] * 1000:.1f} ms a step for data with --workers 0 "
+        f"({none[0]:.0%} of the time) and {some[1] * 1000:.1f} ms with --workers "
+        f"{STARVED_WORKERS} ({some[0]:.0%}); "
+        f"expected at most {STARVED_RATIO:g} times the first. Likely cause: make_loader reads "
+        "every batch in the training process: start `workers` DataLoader processes, and let "
+        "them prepare batches ahead"
     )
 
 

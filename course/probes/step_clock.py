@@ -90,14 +90,19 @@ def read(folder: str | Path, rank: int = 0) -> list[tuple[int, float]]:
     return points
 
 
-def data_wait(folder: str | Path, rank: int = 0, skip: int = 1) -> float | None:
+def data_wait(
+    folder: str | Path, rank: int = 0, skip: int = 1, per_step: bool = False
+) -> float | None:
     """The share of `rank`'s time, from the end of its window `skip` on, that it spent
-    between a step's end and the next forward (COURSE_STEP_WAIT=1's column); None
-    without such windows."""
+    between a step's end and the next forward (COURSE_STEP_WAIT=1's column), or with
+    per_step those seconds per step; None without such windows."""
     rows = []
     for path in sorted(Path(folder).glob(f"rank{rank}.*.txt")):
         rows += [line.split() for line in path.read_text().splitlines()]
-    rows = [(float(r[1]), float(r[2])) for r in rows if len(r) == 3][skip:]
-    if len(rows) < 2 or rows[-1][0] <= rows[0][0]:
+    rows = [(int(r[0]), float(r[1]), float(r[2])) for r in rows if len(r) == 3][skip:]
+    if len(rows) < 2 or rows[-1][1] <= rows[0][1]:
         return None
-    return sum(wait for _, wait in rows[1:]) / (rows[-1][0] - rows[0][0])
+    waited = sum(wait for _, _, wait in rows[1:])
+    if per_step:
+        return waited / (rows[-1][0] - rows[0][0])
+    return waited / (rows[-1][1] - rows[0][1])
