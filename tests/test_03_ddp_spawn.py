@@ -8,7 +8,10 @@ reference itself (course.grader.judge.reference_weights): one process, the cours
 optimizer, one batch of 128 a step made of both ranks' DistributedSampler shards; without
 BatchNorm that is the same computation up to floating-point summation order. `learn`
 trains the default model (with BatchNorm) on 2 ranks x 32 for 2 epochs and must learn
-the digits.
+the digits. The mutants of the TODOs inside setup() and train() are caught more cheaply by
+the case `train_in_two_ranks` (tests/cases/lesson_03.py): the same two functions, called
+with `ddp`'s arguments in two gloo ranks forked from one child, checked the same ways
+(the grader's reference, the shards, the writers) for about a fifth of the CPU of a launch.
 
 Equivalence tolerance, from a measured distribution: fp32 on the CPU (gloo) adds the
 two halves of the batch in another order than one big batch does, so the runs are not
@@ -188,9 +191,13 @@ def test_ranks_train_on_disjoint_shards_that_change_every_epoch(runs, backend):
     """Each epoch the ranks get disjoint halves of the data, and set_epoch reshuffles them."""
     learned(runs)
     _, folder = finished(runs)
+    shards_are_disjoint_and_reshuffled(folder / "batches")
+
+
+def shards_are_disjoint_and_reshuffled(batches: Path) -> None:
     # Seen from inside the ranks (course/probes/batch_log.py): the indices of every batch each
     # rank's DataLoader loaded, one list per pass over the training set.
-    passes = [batch_log.passes(folder / "batches", rank, TRAIN_IMAGES) for rank in (0, 1)]
+    passes = [batch_log.passes(batches, rank, TRAIN_IMAGES) for rank in (0, 1)]
     assert all(len(p) == EPOCHS for p in passes), (
         f"expected each rank to go through the training set {EPOCHS} times (once an epoch), "
         f"saw {[len(p) for p in passes]} passes"
@@ -215,8 +222,14 @@ def test_only_rank_0_writes_files_and_talks(runs, backend):
     learned(runs)
     result, folder = finished(runs)
     assert sorted(p.name for p in (folder / "out").iterdir()) == ["ckpt.pt", "metrics.json"]
+    rank_0_alone_saves(folder / "writes.log", folder / "out")
+    logs = result.rank_logs
+    assert "test accuracy" in logs.get("rank0", ""), "rank 0 should log the epochs"
+    assert "test accuracy" not in logs.get("rank1", ""), "only rank 0 should log"
+
+
+def rank_0_alone_saves(log: Path, out: Path) -> None:
     # Seen from inside the ranks (course/probes/write_log.py), whatever code wrote the files.
-    log, out = folder / "writes.log", folder / "out"
     others = {n: r for n, r in write_log.writers(log, out).items() if r != {"0"}}
     assert not others, (
         f"expected rank 0 alone to write into out/, but {others} (file: ranks) wrote there. "
@@ -224,9 +237,6 @@ def test_only_rank_0_writes_files_and_talks(runs, backend):
     )
     saves = [name for _, name in write_log.events(log, out)].count("ckpt.pt")
     assert saves == EPOCHS, f"expected one checkpoint save per epoch ({EPOCHS}), saw {saves}"
-    logs = result.rank_logs
-    assert "test accuracy" in logs.get("rank0", ""), "rank 0 should log the epochs"
-    assert "test accuracy" not in logs.get("rank1", ""), "only rank 0 should log"
 
 
 @pytest.mark.core
@@ -257,6 +267,69 @@ def test_log_states_the_global_batch(runs, backend):
     assert metrics["world_size"] == 2
     assert metrics["global_batch_size"] == 2 * PER_RANK_BATCH
     assert f"global batch {2 * PER_RANK_BATCH}" in result.rank_logs.get("rank0", "")
+
+
+_calls: dict = {}
+
+
+@pytest.fixture
+def trained(impl, tmp_path_factory):
+    """The case script's `train_in_two_ranks` (tests/cases/lesson_03.py): setup() and
+    train() called in two gloo ranks forked from one child, with `ddp`'s arguments."""
+    if str(impl) not in _calls:
+        folder = tmp_path_factory.mktemp("cases")
+        _calls[str(impl)] = call_lesson(impl, LESSON, CASES, folder, only=["train_in_two_ranks"])
+    found = _calls[str(impl)]("train_in_two_ranks")
+    return found, _calls[str(impl)].tensors("train_in_two_ranks"), Path(found["folder"])
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+def test_train_function_in_two_ranks_matches_the_graders_one_process(trained):
+    """setup(rank, 2, "gloo") joins as `rank` of 2; train() there, at `ddp`'s arguments,
+    saves the weights the grader trains in one process on the global batch, and the two
+    replicas are equal after every step."""
+    found, weights, folder = trained
+    joined = [(j["rank"], j["world"]) for j in found["joined"]]
+    assert joined == [(0, 2), (1, 2)], (
+        f"setup(rank, 2, 'gloo') for ranks 0 and 1 joined as (rank, world size) {joined}. "
+        "Likely cause: rank= or world_size= not passed to init_process_group"
+    )
+    assert found["saved"], (
+        "train() on two ranks returned without writing --checkpoint. Likely cause: the "
+        "save after each complete epoch is missing, or it is not done on rank 0"
+    )
+    ref = judge.reference_weights(SEED, LR, 2, PER_RANK_BATCH, epochs=EPOCHS)
+    assert found["step"] == STEPS, f"train() should take {STEPS} steps, it took {found['step']}"
+    missing = sorted(set(ref) - set(weights))
+    assert not missing, f"the checkpoint lacks the model's {missing[:3]}"
+    worst = max((weights[k] - ref[k]).abs().max().item() for k in ref)
+    assert worst <= ATOL["gloo"], (
+        f"after {STEPS} steps train() on 2 ranks ends {worst:.2e} from the grader's "
+        f"one-process model (batch 128, --seed {SEED} --lr {LR}; allowed {ATOL['gloo']:g}). "
+        "Likely causes: the gradients not averaged (no DDP), a rank training on the wrong "
+        "shard (DistributedSampler without rank=), the shards not reshuffled each epoch "
+        "(sampler.set_epoch), or gradients that pile up (no zero_grad)"
+    )
+    differs = weight_log.first_difference(folder / "replicas")
+    assert differs is None, f"{differs}. Likely cause: the model is not wrapped in DDP"
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+def test_train_function_gives_each_rank_its_own_shard_every_epoch(trained):
+    """In train() on two ranks, each epoch's shards are disjoint halves of the training
+    set, and each rank's shard changes from one epoch to the next."""
+    _, _, folder = trained
+    shards_are_disjoint_and_reshuffled(folder / "batches")
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+def test_train_function_saves_on_rank_0_only(trained):
+    """In train() on two ranks, rank 0 alone writes the checkpoint, once an epoch."""
+    _, _, folder = trained
+    rank_0_alone_saves(folder / "writes.log", folder / "out")
 
 
 @pytest.mark.points(1)

@@ -206,17 +206,8 @@ def test_every_mermaid_diagram_becomes_an_svg(offline, base_url, artifacts, path
     expected = page.request.get(base_url + path).text().count('class="mermaid"')
     assert expected >= at_least, f"only {expected} mermaid blocks on /{path}"
     page.goto(base_url + path)
-    # Material renders a diagram only when it comes near the viewport; scroll through.
-    height = page.evaluate("document.body.scrollHeight")
-    for _ in range(0, height + 900, 600):
-        page.mouse.wheel(0, 600)
-        page.wait_for_timeout(50)
     try:
-        page.wait_for_function(
-            """n => [...document.querySelectorAll('div.mermaid')]
-                     .filter(d => d.shadowRoot && d.shadowRoot.querySelector('svg')).length >= n""",
-            arg=expected,
-        )
+        draw_diagrams(page, expected)
     except sync_api.TimeoutError:
         pytest.fail(
             f"diagrams on /{path} did not render; requests to the network: {offline.blocked}",
@@ -330,20 +321,24 @@ def wide_code(page) -> list[str]:
     return list(dict.fromkeys(page.evaluate(OVERFLOWING_CODE)))
 
 
+def draw_diagrams(page, expected: int) -> None:
+    """Wait until `expected` diagrams are drawn. Material draws a diagram only when it comes
+    near the viewport, so each is brought into view in turn (one scroll a diagram, not a
+    wheel through the whole page: a long lesson page is 40 screens)."""
+    drawn = """n => [...document.querySelectorAll('div.mermaid')]
+                 .filter(d => d.shadowRoot && d.shadowRoot.querySelector('svg')).length >= n"""
+    diagrams = page.locator("div.mermaid")
+    for i in range(diagrams.count()):
+        diagrams.nth(i).scroll_into_view_if_needed()
+    page.wait_for_function(drawn, arg=expected)
+
+
 def small_diagram_text(page) -> list[str]:
     """The diagrams of the page whose smallest text is drawn below MIN_DIAGRAM_TEXT_PX."""
     expected = page.locator("div.mermaid").count()
     if not expected:
         return []
-    height = page.evaluate("document.body.scrollHeight")
-    for _ in range(0, height + 900, 600):  # Material draws a diagram when it comes near
-        page.mouse.wheel(0, 600)
-        page.wait_for_timeout(30)
-    page.wait_for_function(
-        """n => [...document.querySelectorAll('div.mermaid')]
-                 .filter(d => d.shadowRoot && d.shadowRoot.querySelector('svg')).length >= n""",
-        arg=expected,
-    )
+    draw_diagrams(page, expected)
     return [
         f"diagram {i}: {s['smallest']:.1f} px ({s['sample']!r})"
         for i, s in enumerate(page.evaluate(DIAGRAM_TEXT_PX), 1)

@@ -16,28 +16,28 @@ MUTANTS = [
         why="init_process_group without rank=: the env:// default finds no RANK variable",
         old="dist.init_process_group(backend, rank=rank, world_size=world_size,",
         new="dist.init_process_group(backend, world_size=world_size,",
-        caught_by="learn",
+        caught_by="train_function",
     ),
     dict(
         name="every_rank_saves",
         why="all ranks write the checkpoint: N writers race on one file",
         old="        if rank == 0 and args.checkpoint and complete:",
         new="        if args.checkpoint and complete:",
-        caught_by="only_rank_0_writes",
+        caught_by="saves_on_rank_0_only",
     ),
     dict(
         name="no_set_epoch",
         why="sampler.set_epoch forgotten: every epoch reuses epoch 0's order",
         old="        sampler.set_epoch(epoch)\n",
         new="        pass\n",
-        caught_by="disjoint_shards",
+        caught_by="own_shard_every_epoch",
     ),
     dict(
         name="sampler_without_rank",
         why="DistributedSampler built without rank=: both ranks train on one half",
         old="DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)",
         new="DistributedSampler(train_set, num_replicas=world_size, rank=0, seed=args.seed)",
-        caught_by="disjoint_shards",
+        caught_by="own_shard_every_epoch",
     ),
     dict(
         name="data_parallel_instead_of_ddp",
@@ -47,7 +47,7 @@ MUTANTS = [
             "    model = nn.DataParallel(model)\n"
             "    _options_left_over = dict(\n        device_ids="
         ),
-        caught_by="replicas",
+        caught_by="matches_the_graders",
     ),
     dict(
         name="fixed_master_port",
@@ -58,10 +58,10 @@ MUTANTS = [
     ),
     dict(
         name="gradients_never_cleared",
-        why="no optimizer.zero_grad(): gradients pile up; two ranks still equal one process",
+        why="no optimizer.zero_grad(): gradients pile up (the replicas still agree)",
         old="        optimizer.zero_grad(set_to_none=True)\n",
         new="",
-        caught_by="learn",
+        caught_by="matches_the_graders",
     ),
 ]
 

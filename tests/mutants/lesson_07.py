@@ -29,14 +29,14 @@ MUTANTS = [
         why="torchrun is not told the number of nodes: each node forms a job of its own",
         old='        f"--nnodes={args.nnodes}", ',
         new="        ",
-        caught_by="two_launchers",
+        caught_by="dry_run",
     ),
     dict(
         name="nproc_from_nnodes",
         why="processes per node taken from the number of nodes",
         old='f"--nproc_per_node={args.nproc_per_node}",\n',
         new='f"--nproc_per_node={args.nnodes}",\n',
-        caught_by="two_launchers",
+        caught_by="dry_run",
     ),
     dict(
         name="exit_code_dropped",
