@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from course import models, ranks
+from course import checkpoint, models, ranks
 from course.grader.calls import Cases, Tensors, raised
 
 cases = Cases()
@@ -159,6 +159,66 @@ def snapshot_other_world(lesson):
     cases.spawn(_save_rank, 2, str(out), str(cases.lesson_file), what="2-rank snapshot", ddp=True)
     cases.spawn(_load_rank, 1, str(out), str(cases.lesson_file), what="1-rank load", ddp=True)
     return json.loads((out / "found.json").read_text())
+
+
+# train() as the grader's resume case calls it: 2 ranks x 32 without BatchNorm, 2 epochs
+# (46 steps), a snapshot every 4 steps, at --seed 2 --lr 0.1 (neither the default).
+# tests/test_04_torchrun.py has the same numbers (RESUME_SEED, RESUME_LR).
+RESUME_ARGS = ["--norm", "none", "--batch-size", "32", "--seed", "2", "--lr", "0.1"]
+RESUME_ARGS += ["--epochs", "2", "--snapshot-every", "4", "--quiet"]
+# --max-steps of the interrupted calls: stopped after step 10 (snapshot at 8), resumed and
+# stopped after step 14 (snapshot at 12, inside the resumed epoch), resumed to the end.
+STOPS = (10, 14, None)
+
+
+def _resume_rank(rank, world, port, out, lesson_file):
+    from course.grader import submission
+    from course.probes import weight_log
+
+    lesson = submission.load(Path(lesson_file), requires=("setup", "train", "parse_args"))
+    out = Path(out)
+    # What torchrun puts in the environment of 2 nodes x 1 process: LOCAL_RANK is 0 on both.
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0")
+    os.environ.update(LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)  # as each rank of a launch of two on this machine
+    got_rank, got_world, device = lesson.setup("gloo")
+    joined = {"rank": got_rank, "world": got_world, "group_rank": dist.get_rank()}
+    (out / f"joined{rank}.json").write_text(json.dumps(joined))
+    try:
+        runs = [("whole", None)] + [("resumed", stop) for stop in STOPS]
+        for name, stop in runs:
+            folder = out / name
+            if name == "resumed" and stop is None:  # the last call: watch the replicas
+                os.environ[weight_log.LOG_ENV] = str(out / "replicas")
+                weight_log.install()
+            argv = [*RESUME_ARGS, "--snapshot", str(folder / "snapshot.pt")]
+            argv += ["--checkpoint", str(folder / "final.pt")]
+            argv += ["--max-steps", str(stop)] if stop else []
+            lesson.train(got_rank, got_world, device, lesson.parse_args(argv))
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@cases.case
+def resumed_twice(lesson):
+    """setup("gloo") with 2 nodes' environment, then train() in two forked ranks: once
+    whole, and once stopped twice (--max-steps) and resumed from its snapshot each time.
+    Returns how each rank joined, the two final checkpoints' steps and weights."""
+    out = cases.out / "resume"
+    for sub in ("whole", "resumed", "replicas"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    cases.spawn(_resume_rank, 2, str(out), str(cases.lesson_file), what="resume", ddp=True)
+    found = {"joined": [json.loads((out / f"joined{r}.json").read_text()) for r in (0, 1)]}
+    found["folder"] = str(out)
+    tensors = {}
+    for name in ("whole", "resumed"):
+        path = out / name / "final.pt"
+        state = checkpoint.load(path) if path.is_file() else None
+        found[f"{name}_step"] = state["step"] if state else None
+        for key, value in (state or {}).get("model", {}).items():
+            tensors[f"{name}/{key}"] = value
+    return Tensors(tensors, found)
 
 
 if __name__ == "__main__":

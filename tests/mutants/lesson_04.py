@@ -11,7 +11,7 @@ MUTANTS = [
         why="the global rank read from LOCAL_RANK: right on one machine, 0 twice on two",
         old='rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])',
         new='rank, world_size = local_rank, int(os.environ["WORLD_SIZE"])',
-        caught_by="only_rank_0",
+        caught_by="global_rank_from_torchruns",
     ),
     dict(
         name="data_parallel_instead_of_ddp",
@@ -21,7 +21,7 @@ MUTANTS = [
             "    model = torch.nn.DataParallel(model)\n"
             "    _options_left_over = dict(\n        device_ids="
         ),
-        caught_by="two_nodes",
+        caught_by="resumed_twice",
     ),
     dict(
         name="optimizer_not_restored",
@@ -42,14 +42,14 @@ MUTANTS = [
         why="`done` reset with the skip: later snapshots in the resumed epoch miss its start",
         old="        sampler.skip = done * args.batch_size\n",
         new="        sampler.skip, done = done * args.batch_size, 0\n",
-        caught_by="second_crash",
+        caught_by="resumed_twice",
     ),
     dict(
         name="skip_in_batches",
         why="sampler.skip given batches instead of indices: the restart repeats batches",
         old="        sampler.skip = done * args.batch_size\n",
         new="        sampler.skip = done\n",
-        caught_by="killed_rank_is_restarted",
+        caught_by="resumed_twice",
     ),
     dict(
         name="snapshot_written_in_place",
