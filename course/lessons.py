@@ -143,6 +143,15 @@ LESSONS: tuple[Lesson, ...] = (
         "silent wrong results.",
         exercises=("oom.py", "unused.py", "hang.py", "rendezvous.py", "starved.py", "silent.py"),
     ),
+    Lesson(
+        number="10",
+        slug="10_sharding",
+        title="Sharding: ZeRO by hand",
+        level="advanced",
+        script="zero.py",
+        launcher="spawn",
+        summary="ShardedOptimizer (ZeRO stage 1): each rank keeps and steps 1/N of Adam's state.",
+    ),
 )
 
 

@@ -181,6 +181,64 @@ def _timeout_among(err: BaseException, errors: Path) -> str | None:
     return None
 
 
+def _start_and_wait(args: tuple, world: int, method: str) -> None:
+    """torch.multiprocessing.start_processes(_noting_errors, args, world), waited for by the
+    ranks' exit codes, and raising as its join() does when a rank fails.
+
+    Its join() waits on each rank's sentinel, a pipe that every process the rank forks
+    inherits: a submission that forks a process of its own at import (a daemon that
+    outlives the rank) would hold the join until that process exits. An exit code is
+    the rank's own, whatever it forked."""
+    import pickle
+    import signal
+    import time
+
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+
+    context = mp.start_processes(
+        _noting_errors, args=args, nprocs=world, start_method=method, join=False
+    )
+    processes = context.processes
+    while True:
+        codes = [p.exitcode for p in processes]  # waitpid(WNOHANG)
+        failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
+        if failed is not None or None not in codes:
+            break
+        time.sleep(0.02)
+    if failed is None:
+        return
+    for p in processes:  # as join() does: SIGTERM, then SIGKILL after 30 s
+        if p.exitcode is None:
+            p.terminate()
+    deadline = time.monotonic() + 30
+    while any(p.exitcode is None for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for p in processes:
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+    code, pid, path = codes[failed], processes[failed].pid, context.error_files[failed]
+    if not os.access(path, os.R_OK) or os.path.getsize(path) == 0:
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"<Unknown signal {-code}>"
+            raise ProcessExitedException(
+                f"process {failed:d} terminated with signal {name}",
+                error_index=failed, error_pid=pid, exit_code=code, signal_name=name,
+            )  # fmt: skip
+        raise ProcessExitedException(
+            f"process {failed:d} terminated with exit code {code:d}",
+            error_index=failed, error_pid=pid, exit_code=code,
+        )  # fmt: skip
+    with open(path, "rb") as fh:
+        trace = pickle.load(fh)
+    message = f"\n\n-- Process {failed:d} terminated with the following error:\n{trace}"
+    raise ProcessRaisedException(message, failed, pid)
+
+
 class Cases:
     def __init__(self, argv: list[str] | None = None):
         argv = sys.argv[1:] if argv is None else argv
@@ -211,8 +269,6 @@ class Cases:
         a timeout on any rank is reported as the case's."""
         import tempfile
 
-        import torch.multiprocessing as mp
-
         from course import ranks
 
         if self.hung:
@@ -222,8 +278,7 @@ class Cases:
             import torch._dynamo  # noqa: F401 - inherited by the forked ranks
         try:
             args = (target, str(errors), world, ranks.free_port(), *args)
-            method = "spawn" if cuda else "fork"
-            mp.start_processes(_noting_errors, args=args, nprocs=world, start_method=method)
+            _start_and_wait(args, world, "spawn" if cuda else "fork")
         except Exception as err:
             timed_out = _timeout_among(err, errors)
             if timed_out is None:

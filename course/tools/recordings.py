@@ -191,4 +191,17 @@ RECORDINGS = (
         (),
         "lesson 09's silent.py, fixed",
     ),
+    Recording(
+        "10_sharded",
+        "10_sharding/zero.py",
+        ("--nproc", "2", "--backend", "gloo", "--epochs", "2", "--batch-size", "32"),
+        "lesson 10, ShardedOptimizer on two gloo ranks",
+    ),
+    Recording(
+        "10_plain",
+        "10_sharding/zero.py",
+        ("--nproc", "2", "--backend", "gloo", "--epochs", "2", "--batch-size", "32")
+        + ("--optimizer", "plain"),
+        "lesson 10, AdamW whole on each of two gloo ranks",
+    ),
 )

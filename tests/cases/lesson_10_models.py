@@ -1,0 +1,88 @@
+"""The grader's model, data and training recipe for lesson 10's ShardedOptimizer, shared by
+the case script and the test.
+
+The case script (a child process, with the submission loaded) trains the model on two
+ranks with the submission's ShardedOptimizer; the test (the grading process, which never
+imports a submission) trains it in one process with torch's own AdamW, as the reference.
+Nothing here imports a lesson.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VOCAB, DIM, SEQ, BATCH = 16, 32, 8, 16  # each of 2 ranks trains on BATCH // 2 sequences
+STEPS = 5  # optimizer steps; one more after the reload (see the case)
+SEED = 7
+LR, NORM_LR, DECAY = 3e-3, 1e-2, 0.1
+HALVE_LR_AT = 3  # before this step the first group's lr is halved, as a scheduler would
+
+
+class TinyLM(nn.Module):
+    """A language-model shape: an embedding whose weight the output head shares (tied),
+    a LayerNorm and three linear layers. 9 parameter tensors of 32 to 1,024 values, in
+    the order model.parameters() gives them: each big weight followed by a small bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.norm = nn.LayerNorm(DIM)
+        self.up = nn.Linear(DIM, DIM)
+        self.down = nn.Linear(DIM, DIM)
+        self.mix = nn.Linear(DIM, DIM)
+        self.head = nn.Linear(DIM, VOCAB, bias=False)
+        self.head.weight = self.embed.weight  # tied: one tensor, two uses
+
+    def forward(self, tokens):
+        x = self.norm(self.embed(tokens))
+        x = x + self.down(F.gelu(self.up(x)))
+        return self.head(torch.tanh(self.mix(x)))
+
+
+def build() -> TinyLM:
+    torch.manual_seed(SEED)
+    return TinyLM()
+
+
+def groups(model: nn.Module) -> list[dict]:
+    """Two parameter groups, as language models are often trained: everything with weight
+    decay, except the norm's parameters, which have none and their own learning rate."""
+    norm = set(model.norm.parameters())
+    params = list(model.parameters())  # the tied weight once
+    return [
+        {"params": [p for p in params if p not in norm], "weight_decay": DECAY},
+        {"params": [p for p in params if p in norm], "weight_decay": 0.0, "lr": NORM_LR},
+    ]
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The full batch of `step`: tokens and next tokens; rank r trains on half r of it."""
+    gen = torch.Generator().manual_seed(1000 + step)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=gen)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def loss(model: nn.Module, inputs, targets) -> torch.Tensor:
+    return F.cross_entropy(model(inputs).reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, step: int) -> None:
+    """The schedule: the first group's lr halved before step HALVE_LR_AT (1-based)."""
+    if step == HALVE_LR_AT:
+        optimizer.param_groups[0]["lr"] = LR / 2
+
+
+def reference(steps: int) -> tuple[dict, dict]:
+    """(parameters by name, AdamW's state_dict) after `steps` steps in one process on the
+    full batch: what the two ranks' averaged gradients add up to."""
+    model = build()
+    optimizer = torch.optim.AdamW(groups(model), lr=LR)
+    for step in range(1, steps + 1):
+        inputs, targets = batch(step)
+        optimizer.zero_grad()
+        loss(model, inputs, targets).backward()
+        set_lr(optimizer, step)
+        optimizer.step()
+    return {k: v.detach().clone() for k, v in model.named_parameters()}, optimizer.state_dict()
