@@ -45,11 +45,10 @@ def wait_until(deadline: float, ready) -> bool:
 def no_per_step_buffer_sync() -> dict[str, bool]:
     """DDP's keyword for "do not re-send rank 0's buffers before every forward".
 
-    PyTorch renamed it: up to 2.13 it is `broadcast_buffers=False` (which also
-    skips the sync at construction); from 2.14 that name warns, and
-    `forward_sync_buffers=False` skips only the per-step sync (buffers are still
-    made equal once, when DDP is built). Either way no collective per step.
-    """
+    PyTorch renamed it: `broadcast_buffers=False` (which also skips the sync at
+    construction) is deprecated since 2.13, and `forward_sync_buffers=False` skips
+    only the per-step sync (buffers are still made equal once, when DDP is built).
+    Either way no collective per step."""
     import inspect
 
     from torch.nn.parallel import DistributedDataParallel
