@@ -114,3 +114,16 @@ def test_the_report_marks_a_lesson_over_its_budget(tmp_path):
     assert lines["04"].endswith("ok"), lines["04"]  # (40 + 50) / 2 = 45
     report = durations.report(tests, wall)
     assert "mutation" in report and "tests/test_mutants.py" in report
+
+
+def test_ci_runs_the_readmes_test_command_verbatim():
+    """CI proves what a reader runs: .ci/run's last command is the README's test command."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    ci_lines = [ln for ln in (REPO_ROOT / ".ci" / "run").read_text().splitlines() if ln.strip()]
+    fenced = re.findall(r"```bash\n(.*?)\n```", readme, flags=re.S)
+    test_commands = [block for block in fenced if "pytest" in block]
+    assert test_commands, "README.md has no ```bash block that runs pytest (its test command)"
+    assert ci_lines[-1] == test_commands[0], (
+        f"expected .ci/run to end with the README's test command\n  {test_commands[0]}\n"
+        f"but it ends with\n  {ci_lines[-1]}\nlikely cause: one was edited without the other"
+    )
