@@ -15,6 +15,7 @@ into the others' state.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +33,8 @@ SITE_DIR = Path(__file__).parent / "probes" / "_site"
 # Each rank writes its output to <dir>/rank<N>.log when this is set (see
 # course/probes/rank_output.py), so a hang can be blamed on a rank.
 RANK_LOG_ENV = "COURSE_RANK_LOG_DIR"
+# The child writes when it finished importing torch here (course/probes/__init__.py).
+READY_ENV = "COURSE_READY_LOG"
 
 # One thread per rank: several ranks on two cores otherwise fight over them.
 QUIET_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -79,6 +82,20 @@ class RunResult:
 
     reported: bool = False
     started: float = 0.0  # time.time() at the start: to compare with what the child logged
+    ready: float | None = None  # seconds until the child had imported torch (`after_import`)
+    after_import: float | None = None  # the deadline after that, scaled
+
+    @property
+    def killed_after_import(self) -> bool:
+        """Timed out by the `after_import` deadline (not by the whole run's)."""
+        if not self.timed_out or self.ready is None or self.after_import is None:
+            return False
+        return self.ready + self.after_import < self.timeout
+
+    @property
+    def after_ready(self) -> float | None:
+        """Seconds the child ran after importing torch, when `after_import` measured it."""
+        return None if self.ready is None else max(0.0, self.seconds - self.ready)
 
     @property
     def ok(self) -> bool:
@@ -95,7 +112,12 @@ class RunResult:
     def describe(self, lines: int = 12) -> str:
         """A short account of what happened, for a failing test's message."""
         command = " ".join(Path(a).name if os.sep in a else a for a in self.args)
-        if self.timed_out:
+        if self.timed_out and self.killed_after_import:
+            head = (
+                f"`{command}` was still running {self.after_import:.0f} s after it imported "
+                f"torch ({self.ready:.1f} s after its start), and was killed"
+            )
+        elif self.timed_out:
             head = f"`{command}` did not finish within {self.timeout:.0f} s and was killed"
         else:
             head = f"`{command}` exited with code {self.returncode} after {self.seconds:.1f} s"
@@ -332,11 +354,16 @@ def run(
     stop: threading.Event | None = None,
     cancellable: bool = True,
     course_root: str | Path | None = None,
+    after_import: float | None = None,
 ) -> RunResult:
     """Run `args` to completion or until `timeout` seconds pass (scaled by
     COURSE_TIMEOUT_SCALE), then make sure nothing it started is still alive.
     A launch also ends when `stop` is set, or the grader's `current_cancel` (unless
-    cancellable=False). course_root: the child runs another copy of the course."""
+    cancellable=False). course_root: the child runs another copy of the course.
+
+    after_import: a second deadline, that many seconds (scaled) after the child finished
+    importing torch (the COURSE_READY_LOG probe): a bound on what the child does, which
+    a loaded machine's slow start does not eat into. `timeout` still bounds the whole."""
     timeout = timeout * timeout_scale()
     cancel = current_cancel if cancellable else None
     if cancel is not None and cancel.event.is_set():
@@ -346,8 +373,13 @@ def run(
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         extra[RANK_LOG_ENV] = str(log_dir)
+    ready_file = None
+    if after_import is not None:
+        after_import *= timeout_scale()
+        ready_file = Path(tempfile.mkdtemp(prefix="course-ready-")) / "ready"
+        extra[READY_ENV] = str(ready_file)
     start, started = time.monotonic(), time.time()
-    user = child_user(cwd, log_dir)
+    user = child_user(cwd, log_dir, ready_file and ready_file.parent)
     # A file, not a pipe: a chatty child can never block on a full pipe buffer.
     with tempfile.TemporaryFile() as out:
         proc = subprocess.Popen(
@@ -364,9 +396,14 @@ def run(
         limit(proc.pid)
         timed_out = stopped = cancelled = False
         deadline = start + timeout
-        watched = stop is not None or cancel is not None
+        watched = stop is not None or cancel is not None or ready_file is not None
+        ready = None  # seconds from the start to the end of the child's `import torch`
         try:
             while True:  # `stop`: another launch of the same job failed, end this one too
+                if ready is None and ready_file is not None:
+                    ready = _ready_at(ready_file, started)
+                    if ready is not None:
+                        deadline = min(deadline, start + ready + after_import)
                 left = deadline - time.monotonic()
                 try:
                     proc.wait(timeout=max(0.0, min(left, 0.2 if watched else left)))
@@ -398,6 +435,10 @@ def run(
             output += "\ncourse: stopped, because another launch of the same job failed\n"
         if cancelled:
             output += f"\ncourse: stopped: {cancel.reason}\n"
+    if ready_file is not None:
+        if ready is None:
+            ready = _ready_at(ready_file, started)
+        shutil.rmtree(ready_file.parent, ignore_errors=True)
     logs = {}
     if log_dir is not None:
         for path in sorted(Path(log_dir).glob("*.log")):
@@ -412,7 +453,17 @@ def run(
         pgid=pgid,
         rank_logs=logs,
         started=started,
+        ready=ready,
+        after_import=after_import,
     )
+
+
+def _ready_at(path: Path, started: float) -> float | None:
+    """Seconds from `started` (time.time()) to the time the READY_ENV probe wrote."""
+    try:
+        return max(0.0, float(path.read_text()) - started)
+    except (OSError, ValueError):  # not written yet, or being written
+        return None
 
 
 # torchrun's agent reads the error file of every worker that failed (the JSON

@@ -37,6 +37,24 @@ def test_timeout_kills_children_and_grandchildren(tmp_path):
     assert not procs.group_alive(result.pgid)
 
 
+def test_after_import_counts_from_the_end_of_import_torch(tmp_path):
+    """`after_import` bounds what a child does once `import torch` returns, whatever its
+    start cost. A stand-in torch package (first on PYTHONPATH) sleeps 2 s at import, as a
+    loaded machine's real import would, so the test itself imports nothing heavy."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("import time\ntime.sleep(2)\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    quick = "import time, torch; time.sleep(0.5); print('done')"
+    result = procs.run([sys.executable, "-c", quick], timeout=60, after_import=1.5, env=env)
+    assert result.ok, result.describe()  # 2.5 s in all, but 0.5 s after the import
+    assert result.ready is not None and result.ready >= 2.0 and result.after_ready < 1.5
+    stuck = "import time, torch; print('imported', flush=True); time.sleep(60)"
+    result = procs.run([sys.executable, "-c", stuck], timeout=60, after_import=1.5, env=env)
+    assert result.timed_out and result.killed_after_import and result.seconds < 20
+    assert "imported" in result.output and "after it imported torch" in result.describe()
+    assert not procs.group_alive(result.pgid)
+
+
 def test_a_finished_command_leaves_no_orphans(tmp_path):
     script = tmp_path / "orphan.py"
     script.write_text(

@@ -16,6 +16,9 @@ imports it (`after_torch_import`):
                         communication hook, and its options (course/probes/ddp_log.py)
     COURSE_RANK_LOG_DIR each rank's output in a file of its own (course/probes/rank_output.py)
     COURSE_CONNECT_LOG  every TCP connect attempt, timed (course/probes/connect_log.py)
+    COURSE_READY_LOG    when the process finished importing torch: a time.time() written
+                        to the file (course.procs.run's `ready`: a deadline that does not
+                        count a slow start)
     COURSE_KILL_*       faults injected on purpose (course/probes/chaos.py)
 
 The lessons never call any of this: a student's own way of writing the same
@@ -34,6 +37,7 @@ ENVIRONMENT = (
     "COURSE_DDP_LOG",
     "COURSE_RANK_LOG_DIR",
     "COURSE_CONNECT_LOG",
+    "COURSE_READY_LOG",
     "COURSE_KILL_AT_STEP",
     "COURSE_KILL_IN_SAVE",
 )
@@ -81,6 +85,11 @@ def _install_torch_probes() -> None:
     from course.probes import chaos
 
     chaos.install()
+    if os.environ.get("COURSE_READY_LOG"):  # last: the other probes are armed by now
+        import time
+
+        with open(os.environ["COURSE_READY_LOG"], "w") as f:
+            f.write(repr(time.time()))
 
 
 def after_torch_import(callback) -> None:

@@ -98,7 +98,7 @@ MUTANTS = [
         old="    if problem := interface_problem(backend):\n",
         new="    dist.init_process_group(backend)\n    if problem := interface_problem(backend):\n",
         caught_by="nobody_at_the_address",
-        says=("still running after",),
+        says=("s after importing torch (--timeout 3), and killed",),
     ),
     dict(
         name="rdzv_client_connects_without_waiting",
