@@ -509,13 +509,28 @@ def can_fork() -> bool:
     inherited worker code sends its controller (a warning, a log record) lands in them.
     Measured: a gloo rank of lesson 09's case script, forked from a worker's fork, died of
     SIGBUS in every run (never outside xdist), and passed once the child dropped the
-    inherited logging handlers and warning hook."""
+    inherited logging handlers and warning hook.
+
+    One thread means one thread of the OS too, not only of Python: CUDA's threads once a
+    test has used the GPU, or an OpenMP pool once torch has computed on several threads
+    (a grader run without OMP_NUM_THREADS=1), would be forked mid-state (on an H200 the
+    import check forked a process with CUDA's threads; Python 3.12 warned of deadlocks).
+    There a new interpreter starts instead."""
     return (
         sys.platform.startswith("linux")
         and threading.active_count() == 1
+        and _os_threads() == 1
         and not os.environ.get(CHILD_USER_ENV)
         and not os.environ.get("PYTEST_XDIST_WORKER")
     )
+
+
+def _os_threads() -> int:
+    """This process's threads as the OS counts them (native threads included)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
 
 
 def _child_exit(fn: Callable[[], object], out: int, cwd: str | Path | None) -> None:

@@ -254,6 +254,25 @@ def test_a_forked_function_has_its_output_exit_code_deadline_and_group_kill(tmp_
     assert "described True" in result.output
 
 
+NATIVE_THREAD = """
+import _thread, threading, time
+from course import procs
+print("before", procs.can_fork())
+_thread.start_new_thread(time.sleep, (60,))  # an OS thread that threading does not list
+time.sleep(0.2)
+print("python threads", threading.active_count(), "fork", procs.can_fork())
+"""
+
+
+def test_forking_is_refused_where_native_threads_run():
+    """A thread Python's threading module does not know (CUDA's, OpenMP's) also stops
+    can_fork(): the OS's count is read, not threading.active_count(). In a child, alone."""
+    result = procs.run([sys.executable, "-c", NATIVE_THREAD], timeout=60)
+    assert result.ok, result.describe()
+    assert "before True" in result.output, result.output
+    assert "python threads 1 fork False" in result.output, result.output
+
+
 def test_forking_is_refused_where_threads_run():
     import threading
 
