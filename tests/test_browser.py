@@ -185,6 +185,11 @@ def test_lesson_page_shows_starter_and_solution_tabs(offline, base_url, artifact
         )
         small = small_diagram_text(page)
         assert not small, f"text smaller than {MIN_DIAGRAM_TEXT_PX} px: {small}"
+        split = split_diagram_words(page)
+        assert not split, (
+            f"a diagram label broke a word in two with a hyphen (a token wider than its box: "
+            f"shorten it, or give it spaces to wrap at): {split}"
+        )
         page.evaluate("window.scrollTo(0, 0)")
     page.wait_for_timeout(400)  # let the tab underline finish its slide before the picture
     page.screenshot(path=str(artifacts / f"lesson-{lesson[:2]}-solution-{offline.scheme}.png"))
@@ -331,6 +336,20 @@ def draw_diagrams(page, expected: int) -> None:
     for i in range(diagrams.count()):
         diagrams.nth(i).scroll_into_view_if_needed()
     page.wait_for_function(drawn, arg=expected)
+
+
+# Lines of diagram text that end in a letter or digit and a hyphen: where mermaid's wrap
+# cut a word longer than its box ("all_reduce(async_op=T-" / "rue)").
+SPLIT_WORDS = """() => [...document.querySelectorAll('div.mermaid')].flatMap(d =>
+    [...(d.shadowRoot || d).querySelectorAll('tspan, text')]
+      .filter(t => t.children.length === 0)
+      .map(t => (t.textContent || '').trim())
+      .filter(line => /[A-Za-z0-9]-$/.test(line)))"""
+
+
+def split_diagram_words(page) -> list[str]:
+    """Diagram text lines that end inside a word (drawn: small_diagram_text ran first)."""
+    return page.evaluate(SPLIT_WORDS)
 
 
 def small_diagram_text(page) -> list[str]:
