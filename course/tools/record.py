@@ -116,6 +116,23 @@ def run(recording: Recording, cwd: Path) -> procs.RunResult:
     return launch(args=recording.command(), timeout=180, cwd=cwd, env=env)
 
 
+def processor() -> str:
+    """The processor, as /proc/cpuinfo names it, with the vector extensions that choose
+    CPU kernels (the pins above cap some, not all: oneDNN's and MKL's choices also follow
+    the model). A record made on another processor may print other figures."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = dict(
+        line.split(":", 1) for line in info.splitlines()[:40] if ":" in line
+    )  # the first processor's block
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    extensions = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    return f"{fields.get('model name', platform.machine())} ({' '.join(extensions) or 'no AVX2'})"
+
+
 def provenance() -> dict:
     import torch
 
@@ -124,6 +141,7 @@ def provenance() -> dict:
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, OMP_NUM_THREADS=1, "
         + ", ".join(f"{k}={v}" for k, v in PINNED_ENV.items()),
+        "processor": processor(),
         "date": datetime.date.today().isoformat(),
         "command": "python -m course record",
     }

@@ -104,8 +104,10 @@ def render_output(name: str) -> str:
     body = "\n".join(["```text", f"$ {doc['shown']}", doc["output"], "```"])
     note = (
         f"*Recorded by `{prov['command']} {name}` on {prov['date']}: PyTorch {prov['torch']}, "
-        f"Python {prov['python']}, {prov['machine']}. Timings vary from run to run; the "
-        f"other figures are checked against the reference by the test suite.*"
+        f"Python {prov['python']}, {prov['machine']}"
+        + (f", {prov['processor']}" if prov.get("processor") else "")
+        + ". Timings vary from run to run; the other figures are checked against the "
+        "reference by the test suite (another processor can print slightly other ones).*"
     )
     return f"{body}\n\n{note}"
 
