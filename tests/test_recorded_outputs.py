@@ -2,10 +2,14 @@
 
 Each record in docs/results/outputs/ (made by `python -m course record`) is
 run again on the CPU, and its output compared line by line with the record,
-timings and throughput masked (course/tools/record.py, VOLATILE). Losses may differ
-in the last printed digit (relative 1e-3) and accuracies by one test image
-(0.3 percentage points of 359), which a different CPU can cause; a changed
-line, step count or model fails. Re-record with `python -m course record`.
+timings and throughput masked (course/tools/record.py, VOLATILE). On the processor
+that made the record, losses may differ in the last printed digit (relative 1e-3) and
+accuracies by one test image (0.3 percentage points of 359). Another processor picks
+other CPU kernels whatever the pins (record.PINNED_ENV): between the two processors
+the course has been recorded on, with the same PyTorch, losses differed by up to 0.0054
+(13 % of a late-epoch 0.04) and accuracies by up to 0.83 points over ten epochs; there
+the band is about 2.5 times that (ACROSS). Either way a changed line, step count, byte
+count or model fails. Re-record with `python -m course record`.
 """
 
 from __future__ import annotations
@@ -21,7 +25,12 @@ from course.tools import record
 NUMBER = re.compile(r"\d[\d,]*\.?\d*%?")
 
 
-def numbers_agree(want: str, got: str) -> bool:
+# (absolute loss difference, accuracy points) allowed when the record was made on
+# another processor: measured maxima 0.0054 and 0.83 (module docstring).
+ACROSS = (0.015, 2.0)
+
+
+def numbers_agree(want: str, got: str, same_processor: bool = True) -> bool:
     a, b = NUMBER.findall(want), NUMBER.findall(got)
     if len(a) != len(b) or NUMBER.sub("#", want) != NUMBER.sub("#", got):
         return False
@@ -29,7 +38,10 @@ def numbers_agree(want: str, got: str) -> bool:
         if x == y:
             continue
         fx, fy = float(x.rstrip("%").replace(",", "")), float(y.rstrip("%").replace(",", ""))
-        tolerance = 0.3 if x.endswith("%") else 1e-3 * max(abs(fx), 1e-9)
+        if same_processor:
+            tolerance = 0.3 if x.endswith("%") else 1e-3 * max(abs(fx), 1e-9)
+        else:
+            tolerance = ACROSS[1] if x.endswith("%") else ACROSS[0] + 1e-3 * abs(fx)
         if "." not in x or abs(fx - fy) > tolerance:
             return False
     return True
@@ -73,14 +85,16 @@ def test_the_record_matches_what_the_reference_prints(fresh, name):
         f"re-record with `python -m course record {name}`\n" + "\n".join(got)
     )
     made_on, here = doc["provenance"].get("processor"), record.processor()
+    same = made_on == here
     where = (
-        f"; it was recorded on {made_on}, this is {here}: another processor's CPU kernels "
-        "can print other figures, so re-record only if the code changed"
-        if made_on and made_on != here
-        else ""
+        ""
+        if same
+        else f"; it was recorded on {made_on}, this is {here}, so the band was the one "
+        f"between processors ({ACROSS[0]} in a loss, {ACROSS[1]} accuracy points): "
+        "more than another processor's kernels explain, so the code changed"
     )
     for old, new in zip(want, got, strict=True):
-        assert numbers_agree(old, new), (
+        assert numbers_agree(old, new, same), (
             f"{name}: the page shows\n  {old}\nbut the reference now prints\n  {new}\n"
             f"re-record with `python -m course record {name}`{where}"
         )
@@ -94,3 +108,13 @@ def test_numbers_agree_is_strict_where_it_must_be():
     assert not numbers_agree(line, line.replace("59.89%", "60.72%"))
     assert not numbers_agree(line, line.replace("epoch 1/3", "epoch 1/4"))
     assert not numbers_agree(line, line.replace("test loss", "val loss"))
+
+
+def test_another_processor_gets_the_measured_band_and_no_more():
+    line = "epoch 2/3: train loss 0.4708, test loss 0.4347, test accuracy 87.19%, N img/s"
+    seen = "epoch 2/3: train loss 0.4708, test loss 0.4400, test accuracy 86.36%, N img/s"
+    assert not numbers_agree(line, seen)  # the two Xeons' figures, beyond the tight band
+    assert numbers_agree(line, seen, same_processor=False)
+    assert not numbers_agree(line, line.replace("0.4347", "0.4547"), same_processor=False)
+    assert not numbers_agree(line, line.replace("87.19%", "84.96%"), same_processor=False)
+    assert not numbers_agree(line, line.replace("epoch 2/3", "epoch 2/4"), same_processor=False)
