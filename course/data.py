@@ -361,3 +361,12 @@ def make_image_folder(
                 image = np.clip(image, 0, 255).astype(np.uint8)
                 Image.fromarray(image).save(folder / f"{i:04d}.png")
     return root
+
+
+def lookup_tokens(step: int, rank: int, size: int, vocab: int, length: int = 16):
+    """Lesson 10's toy language: rank `rank`'s `size` sequences of random tokens for `step`,
+    and the answer for each token, a fixed permutation of the vocabulary (5t + 3 mod vocab,
+    vocab even): a lookup table an MLP learns in a few dozen steps."""
+    gen = torch.Generator().manual_seed(step * 1000 + rank)
+    tokens = torch.randint(0, vocab, (size, length), generator=gen)
+    return tokens, (tokens * 5 + 3) % vocab

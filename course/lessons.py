@@ -146,11 +146,13 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson(
         number="10",
         slug="10_sharding",
-        title="Sharding: ZeRO by hand",
+        title="Sharding: ZeRO and FSDP by hand",
         level="advanced",
         script="zero.py",
         launcher="spawn",
-        summary="ShardedOptimizer (ZeRO stage 1): each rank keeps and steps 1/N of Adam's state.",
+        summary="ShardedOptimizer (ZeRO stage 1) keeps 1/N of Adam's state on each rank; "
+        "MiniFSDP (ZeRO stage 3) keeps 1/N of every weight, gathered layer by layer.",
+        exercises=("zero.py", "fsdp.py"),
     ),
 )
 

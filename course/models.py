@@ -10,6 +10,8 @@
               no max-pool), the usual adaptation for 32x32 CIFAR-10 images.
     resnet50  torchvision's ResNet-50 unchanged (ImageNet stem, for 224x224
               images): the standard model for throughput benchmarks.
+    TinyLM    lesson 10's language-model shape (embedding, MLP blocks, a tied
+              head), built directly: TinyLM(vocab, dim, depth).
 
 Weights are random (no downloads). BatchNorm matters for the multi-GPU
 lessons: its statistics are per device unless synchronised.
@@ -17,6 +19,7 @@ lessons: its statistics are per device unless synchronised.
 
 from __future__ import annotations
 
+import torch.nn.functional as F
 from torch import nn
 
 NAMES = ("cnn", "resnet18", "resnet50")
@@ -77,3 +80,38 @@ def build_model(
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+class Block(nn.Module):
+    """A residual MLP block, a transformer block without its attention: x + W2 gelu(W1 norm(x))."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, 4 * dim)
+        self.down = nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class TinyLM(nn.Module):
+    """A language model's shape, for lesson 10: a token embedding, `depth` blocks, a final
+    norm and an output head that shares the embedding's weight (tied). Its big tensors are
+    2-D weights (embedding, linears), its small ones 1-D (norms, biases): the split that
+    FSDP shards and replicates."""
+
+    def __init__(self, vocab: int = 64, dim: int = 64, depth: int = 2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(Block(dim) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied: one tensor, two uses
+        nn.init.normal_(self.embed.weight, std=0.02)  # small logits: a first loss near ln(vocab)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))

@@ -11,6 +11,17 @@ import socket
 import time
 from datetime import timedelta
 
+# Imported before any process group exists, on purpose. PyTorch's torch._dynamo, which the
+# first DistributedDataParallel or torch.optim optimizer imports, keeps a reference to the
+# default process group if one exists when it is imported (measured with 2.14.1: import it
+# after init_process_group, and destroy_process_group() frees nothing). The group's gloo
+# worker threads then live into interpreter shutdown, and one that lets go of a finished
+# collective's tensors there needs the GIL, is ended by CPython, and aborts the process:
+# "terminate called without an active exception", SIGABRT, exit -6 (seen in a core dump of
+# lesson 10's fsdp.py, and in the course's CI in lessons 03, 07 and 10 under load).
+# Imported here, before a lesson joins a group, it holds none.
+import torch._dynamo  # noqa: F401, E402
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """Ask the OS for a port nobody is listening on.

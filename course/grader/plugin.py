@@ -112,12 +112,15 @@ class LessonCalls:
         return self._get(self.outcome.tensors, name)
 
 
-def call_lesson(impl, lesson: registry.Lesson, cases: Path, folder: Path, only=None) -> LessonCalls:
-    """Run the case script `cases` on the lesson file of `impl` in a child, in `folder`
-    (only the cases named in `only`, when given).
+def call_lesson(
+    impl, lesson: registry.Lesson, cases: Path, folder: Path, only=None, script: str = ""
+) -> LessonCalls:
+    """Run the case script `cases` on the lesson file of `impl` (or on its file `script`,
+    for a lesson of several) in a child, in `folder` (only the cases named in `only`, when
+    given).
 
     The grading process never imports the submission (see course/grader/calls.py)."""
-    path = lesson.path(impl)
+    path = lesson.path(impl).with_name(script) if script else lesson.path(impl)
     return LessonCalls(calls.run_cases(cases, path, folder, only=only), path)
 
 

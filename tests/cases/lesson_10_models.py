@@ -86,3 +86,46 @@ def reference(steps: int) -> tuple[dict, dict]:
         set_lr(optimizer, step)
         optimizer.step()
     return {k: v.detach().clone() for k, v in model.named_parameters()}, optimizer.state_dict()
+
+
+# --- part 2, MiniFSDP: the same TinyLM, trained with SGD (a wrong gradient scale shows in
+# the weights; Adam would divide it away) ---
+FSDP_STEPS = 4
+FSDP_LR, MOMENTUM = 0.1, 0.9
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def sgd(params) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=FSDP_LR, momentum=MOMENTUM)
+
+
+def sharded_sizes(model: nn.Module, world: int) -> tuple[int, int, int]:
+    """(values of the 2-D weights, each once; their share on one rank, padded; values of
+    the other, replicated parameters)."""
+    params = list(model.parameters())  # a tied weight once
+    big = [p.numel() for p in params if p.ndim == 2]
+    return sum(big), sum(-(-n // world) for n in big), sum(p.numel() for p in params if p.ndim != 2)
+
+
+def linear_uses(model: nn.Module) -> int:
+    """Layers whose backward needs their 2-D weight (Linear; an Embedding's does not)."""
+    return sum(isinstance(mod, nn.Linear) for mod in model.modules())
+
+
+def weight_uses(model: nn.Module) -> int:
+    """Layers that hold a 2-D weight: the all-gathers of one forward."""
+    return sum(
+        getattr(mod, "weight", None) is not None and mod.weight.ndim == 2 for mod in model.modules()
+    )
+
+
+def fsdp_reference(steps: int = FSDP_STEPS) -> dict:
+    """Parameters by name after `steps` SGD steps in one process on the full batch, fp32."""
+    model = build()
+    optimizer = sgd(model.parameters())
+    for step in range(1, steps + 1):
+        inputs, targets = batch(step)
+        optimizer.zero_grad()
+        loss(model, inputs, targets).backward()
+        optimizer.step()
+    return {k: v.detach().clone() for k, v in model.named_parameters()}

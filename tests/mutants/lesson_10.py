@@ -1,10 +1,11 @@
-"""Realistic wrong versions of lesson 10 (ShardedOptimizer, ZeRO stage 1), and honest
-different ones.
+"""Realistic wrong versions of lesson 10 (ShardedOptimizer, ZeRO stage 1, in zero.py;
+MiniFSDP, ZeRO stage 3, in fsdp.py), and an honest different version of both.
 
 Format: see lesson_03.py.
 """
 
 FILE = "10_sharding/zero.py"
+FSDP = "10_sharding/fsdp.py"  # part 2: MiniFSDP
 
 MUTANTS = [
     dict(
@@ -55,13 +56,74 @@ MUTANTS = [
         new='        shards = [dict(local["state"])]\n',
         caught_by="unsharded_optimizers",
     ),
+    dict(
+        file=FSDP,
+        name="all_reduce_then_slice",
+        why="the whole gradient all-reduced, then this rank's slice kept: every rank "
+        "receives every gradient, the traffic and memory ZeRO-3 saves",
+        old="        dist.reduce_scatter_tensor(mine, flat)\n",
+        new="        dist.all_reduce(flat)\n        mine = flat.chunk(ctx.world)[dist.get_rank()]\n",
+        caught_by="reduce_scatters",
+    ),
+    dict(
+        file=FSDP,
+        name="gradients_summed",
+        why="the reduce-scattered gradient not divided by the world size: twice the step",
+        old="        return mine / ctx.world, None, None\n",
+        new="        return mine, None, None\n",
+        caught_by="trains_like_one_process",
+    ),
+    dict(
+        file=FSDP,
+        name="blocking_gather",
+        why="the all-gather waited for where it starts: the prefetch overlaps nothing",
+        old="        work = dist.all_gather_into_tensor(buffer, send, async_op=True)\n",
+        new="        dist.all_gather_into_tensor(buffer, send)\n"
+        "        work = dist.barrier(async_op=True)\n",
+        caught_by="travels_while",
+    ),
+    dict(
+        file=FSDP,
+        name="cast_after_the_gather",
+        why="the fp32 shard sent, the gathered weight cast after: twice the bytes on the wire",
+        old="        send = shard.to(self.compute_dtype) if self.compute_dtype else shard  # cast first\n",
+        new="        send = shard\n",
+        caught_by="communicate_and_compute",
+    ),
+    dict(
+        file=FSDP,
+        name="no_prefetch",
+        why="each layer gathers its own weight in its pre-hook, nothing ahead",
+        old="            self.pending[nxt] = self._start_gather(nxt)\n",
+        new="            pass\n",
+        caught_by="travels_while",
+    ),
+    dict(
+        file=FSDP,
+        name="saved_view_rebuilt_wrong",
+        why="backward's weight rebuilt with view(size): the transposed view autograd saved "
+        "for a Linear comes back with the wrong layout",
+        old="        return buffer.as_strided(size, stride, offset)\n",
+        new="        return buffer[: size.numel()].view(size)\n",
+        caught_by="trains_like_one_process",
+    ),
+    dict(
+        file=FSDP,
+        name="full_weight_kept_for_backward",
+        why="no saved-tensor hook: autograd keeps every full weight from forward to backward",
+        old="        if saved.untyped_storage().data_ptr() == full.untyped_storage().data_ptr():\n",
+        new="        if False:\n",
+        caught_by="gathers_again",
+    ),
 ]
 
 ALTERNATIVES = [
     dict(
         name="contiguous_cut_and_all_gather",
         why="owners by cutting the parameter list where the bytes pass each rank's even share; "
-        "the updated shards sent with one all_gather_object of the CPU tensors",
+        "the updated shards sent with one all_gather_object of the CPU tensors. MiniFSDP: "
+        "all_gather and reduce_scatter with lists of the buffer's chunks (views, written in "
+        "place), and the next layer found by its index in the recorded order",
         old=(
             '        for p in sorted(group["params"], key=lambda p: -p.numel() * p.element_size()):\n'
             "            if p not in self.owner:\n"
@@ -95,7 +157,22 @@ ALTERNATIVES = [
         for i, p in enumerate(params):
             p.copy_(everyone[self.owner[p]][i])
 """,
-            )
+            ),
+            dict(
+                file=FSDP,
+                old="        work = dist.all_gather_into_tensor(buffer, send, async_op=True)\n",
+                new="        work = dist.all_gather(list(buffer.chunk(self.world)), send, async_op=True)\n",
+            ),
+            dict(
+                file=FSDP,
+                old="        dist.reduce_scatter_tensor(mine, flat)\n",
+                new="        dist.reduce_scatter(mine, list(flat.chunk(ctx.world)))\n",
+            ),
+            dict(
+                file=FSDP,
+                old="        if not self.first_forward and self.position + 1 < len(self.order):\n            nxt = self.order[self.position + 1]\n            self.pending[nxt] = self._start_gather(nxt)\n        self.position += 1\n",
+                new="        at = self.order.index(layer)\n        if not self.first_forward and at + 1 < len(self.order):\n            self.pending[self.order[at + 1]] = self._start_gather(self.order[at + 1])\n",
+            ),
         ],
     ),
 ]
