@@ -204,4 +204,17 @@ RECORDINGS = (
         + ("--optimizer", "plain"),
         "lesson 10, AdamW whole on each of two gloo ranks",
     ),
+    Recording(
+        "10_fsdp",
+        "10_sharding/fsdp.py",
+        ("--nproc", "2", "--backend", "gloo"),
+        "lesson 10, MiniFSDP on two gloo ranks, TinyLM of width 64 and 2 blocks",
+    ),
+    Recording(
+        "10_fsdp_wide",
+        "10_sharding/fsdp.py",
+        ("--nproc", "2", "--backend", "gloo", "--compute-dtype", "bf16")
+        + ("--dim", "256", "--depth", "4", "--steps", "5"),
+        "lesson 10, MiniFSDP in bf16, TinyLM of width 256 and 4 blocks",
+    ),
 )
