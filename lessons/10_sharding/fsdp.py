@@ -51,7 +51,8 @@ class _Gathered(torch.autograd.Function):
         flat = grad.reshape(-1).float()  # reduce in fp32, whatever the compute dtype
         flat = F.pad(flat, (0, -flat.numel() % ctx.world))  # as the shards were padded
         mine = torch.empty(flat.numel() // ctx.world, device=flat.device)
-        raise NotImplementedError("TODO at 10_sharding/fsdp.py:54 is not done yet")
+        # TODO: sum `flat` over the ranks, keeping on this rank only its own slice, in `mine`.
+        raise NotImplementedError("TODO at 10_sharding/fsdp.py:55 is not done yet")
         return mine / ctx.world, None, None
 
 
@@ -92,7 +93,7 @@ class MiniFSDP(nn.Module):
         send = shard.to(self.compute_dtype) if self.compute_dtype else shard  # cast first
         buffer = torch.empty(send.numel() * self.world, dtype=send.dtype, device=send.device)
         # TODO: start the all-gather of every rank's `send` into `buffer`, without waiting.
-        raise NotImplementedError("TODO at 10_sharding/fsdp.py:95 is not done yet")
+        raise NotImplementedError("TODO at 10_sharding/fsdp.py:96 is not done yet")
         return work, buffer
 
     def _before(self, layer: nn.Module, args) -> None:
@@ -101,7 +102,7 @@ class MiniFSDP(nn.Module):
         # TODO: take this layer's gather (prefetched, or start it now) and wait for it;
         # then start the next layer's gather (self.order, self.position), so that it
         # travels while this layer computes.
-        raise NotImplementedError("TODO at 10_sharding/fsdp.py:104 is not done yet")
+        raise NotImplementedError("TODO at 10_sharding/fsdp.py:105 is not done yet")
         layer.weight = _Gathered.apply(layer.weight_shard, buffer, self.shape[layer.weight_shard])
         self._layer = layer
         # Autograd would keep the full weight until backward: keep a note of it instead.
@@ -124,7 +125,7 @@ class MiniFSDP(nn.Module):
         layer, size, stride, offset = note
         # TODO: backward needs this layer's full weight again: gather it, and return the
         # view autograd saved (size, stride, offset) of the gathered buffer.
-        raise NotImplementedError("TODO at 10_sharding/fsdp.py:127 is not done yet")
+        raise NotImplementedError("TODO at 10_sharding/fsdp.py:128 is not done yet")
 
     def forward(self, *args, **kwargs):
         self.first_forward, self.position = not self.order, 0

@@ -51,6 +51,10 @@ class _Gathered(torch.autograd.Function):
         flat = grad.reshape(-1).float()  # reduce in fp32, whatever the compute dtype
         flat = F.pad(flat, (0, -flat.numel() % ctx.world))  # as the shards were padded
         mine = torch.empty(flat.numel() // ctx.world, device=flat.device)
+        # TODO: sum `flat` over the ranks, keeping on this rank only its own slice, in `mine`.
+        # HINT 1: One collective both sums and splits: rank r receives piece r of the sum,
+        #   so each rank gets the gradient of the shard it keeps, and nothing more.
+        # HINT 2: dist.reduce_scatter_tensor(mine, flat)
         ### BEGIN SOLUTION
         dist.reduce_scatter_tensor(mine, flat)
         ### END SOLUTION
