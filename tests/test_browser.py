@@ -15,10 +15,13 @@ import http.server
 import os
 import re
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+
+from course.procs import timeout_scale
 
 CHROMIUM = Path(os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium"))
 LAUNCH_ARGS = [
@@ -31,7 +34,9 @@ LAUNCH_ARGS = [
     "--no-first-run",
 ]
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-TIMEOUT_MS = 20_000
+# A lesson page loads in about 1.2 s, idle or beside four busy loops (2 cores, measured
+# 2026-12-02); 20 s is over 15 times that, stretched by COURSE_TIMEOUT_SCALE.
+TIMEOUT_MS = int(20_000 * timeout_scale())
 
 # Material draws each diagram into a *closed* shadow root; open it so the test
 # can look inside. This changes nothing else about the page.
@@ -123,7 +128,28 @@ class Offline:
     def page(self):
         page = self.context.new_page()
         page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        self.pending: dict[str, float] = {}  # request URL -> when it started
+        page.on("request", lambda r: self.pending.setdefault(r.url, time.monotonic()))
+        page.on("requestfinished", lambda r: self.pending.pop(r.url, None))
+        page.on("requestfailed", lambda r: self.pending.pop(r.url, None))
+        page.goto = functools.partial(self._goto, page, page.goto)
         return page
+
+    def _goto(self, page, goto, url, **kwargs):
+        """page.goto, whose timeout says which requests had not finished, and for how long:
+        a load event that never came once timed out a lesson page (20 s, 2026-12-02), where
+        an idle or a loaded machine loads it in about 1.2 s; not reproduced since."""
+        started = time.monotonic()
+        try:
+            return goto(url, **kwargs)
+        except sync_api.TimeoutError:
+            now = time.monotonic()
+            waiting = [f"{u} ({now - t:.1f} s)" for u, t in self.pending.items()]
+            message = (
+                f"{url} did not finish loading in {now - started:.1f} s; requests still "
+                f"open: {waiting or 'none (the load event itself never fired)'}"
+            )
+        pytest.fail(message, pytrace=False)
 
     def assert_offline(self):
         assert not self.blocked, f"the site tried to reach the network: {self.blocked}"
