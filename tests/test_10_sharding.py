@@ -195,12 +195,14 @@ def launch(impl, folder: Path, *args):
 
 @pytest.fixture
 def runs(impl, tmp_path_factory):
-    """zero.py on 2 gloo ranks, with ShardedOptimizer and with --optimizer plain, and fsdp.py
-    (FSDP_FLAGS), at once."""
+    """zero.py on 2 gloo ranks, with ShardedOptimizer, --optimizer plain and --optimizer
+    torch (PyTorch's ZeroRedundancyOptimizer), and fsdp.py (FSDP_FLAGS), at once."""
     if str(impl) not in _runs:
         folders = {name: tmp_path_factory.mktemp(name) for name in ("sharded", "plain")}
         jobs = {"sharded": launch(impl, folders["sharded"])}
+        folders["torch"] = tmp_path_factory.mktemp("torch")
         jobs["plain"] = launch(impl, folders["plain"], "--optimizer", "plain")
+        jobs["torch"] = launch(impl, folders["torch"], "--optimizer", "torch")
         folders["fsdp"] = tmp_path_factory.mktemp("fsdp")
         jobs["fsdp"] = dict(
             args=[sys.executable, str(LESSON.path(impl).with_name("fsdp.py")), *FSDP_FLAGS],
@@ -226,8 +228,9 @@ LOSS = re.compile(r"step (\d+)/(\d+): loss ([\d.]+)")
 @pytest.mark.points(2)
 def test_the_script_learns_and_shards_its_optimizer(runs):
     """zero.py on 2 gloo ranks (2 x 32, 2 epochs of the digits) reaches 80 % test accuracy
-    with ShardedOptimizer; --optimizer plain prints the same losses, with the whole state on
-    both ranks; sharded, the ranks' states add up to one copy."""
+    with ShardedOptimizer; --optimizer plain and --optimizer torch print the same losses,
+    plain with the whole state on both ranks; sharded, yours and PyTorch's, the ranks'
+    states add up to one copy."""
     for name, (result, _) in runs.items():
         if name != "fsdp" and not result.ok:
             pytest.fail(f"--optimizer {name}: {result.failure()}", pytrace=False)
@@ -239,10 +242,11 @@ def test_the_script_learns_and_shards_its_optimizer(runs):
         f"digits (expected at least {LEARNED:.0%}): the training does not work"
     )
     losses = {n: [e["train_loss"] for e in d["epochs"]] for n, d in metrics.items()}
-    assert losses["sharded"] == pytest.approx(losses["plain"], rel=1e-4), (
-        f"train losses per epoch: sharded {losses['sharded']}, plain {losses['plain']}: "
-        "the same training should give the same losses"
-    )
+    for name in ("plain", "torch"):
+        assert losses["sharded"] == pytest.approx(losses[name], rel=1e-4), (
+            f"train losses per epoch: sharded {losses['sharded']}, --optimizer {name} "
+            f"{losses[name]}: the same training should give the same losses"
+        )
     printed = {n: BYTES.findall("\n".join(r.rank_logs.values())) for n, (r, _) in runs.items()
                if n != "fsdp"}  # fmt: skip
     assert all(len(rows) == WORLD for rows in printed.values()), (
@@ -254,6 +258,11 @@ def test_the_script_learns_and_shards_its_optimizer(runs):
     assert sum(sharded.values()) == plain[0], (
         f"sharded, the ranks hold {sharded} bytes: together they should be one copy, "
         f"{plain[0]:,} bytes"
+    )
+    theirs = {int(r): int(b.replace(",", "")) for r, b, _ in printed["torch"]}
+    assert sum(theirs.values()) == plain[0] and max(theirs.values()) < plain[0], (
+        f"--optimizer torch (ZeroRedundancyOptimizer): the ranks hold {theirs} bytes; "
+        f"expected shares of one copy, {plain[0]:,} bytes, split between the ranks"
     )
 
 

@@ -205,6 +205,13 @@ RECORDINGS = (
         "lesson 10, AdamW whole on each of two gloo ranks",
     ),
     Recording(
+        "10_torch",
+        "10_sharding/zero.py",
+        ("--nproc", "2", "--backend", "gloo", "--epochs", "2", "--batch-size", "32")
+        + ("--optimizer", "torch"),
+        "lesson 10, PyTorch's ZeroRedundancyOptimizer on two gloo ranks",
+    ),
+    Recording(
         "10_fsdp",
         "10_sharding/fsdp.py",
         ("--nproc", "2", "--backend", "gloo"),

@@ -3,6 +3,7 @@
 Run it:
     python lessons/10_sharding/zero.py --nproc 2 --backend gloo    # 2 CPU ranks
     python lessons/10_sharding/zero.py --optimizer plain           # AdamW whole on every rank
+    python lessons/10_sharding/zero.py --optimizer torch           # PyTorch's ZeRO-1
     python -m course grade 10                                      # grade your version
 """
 
@@ -13,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
@@ -25,7 +27,7 @@ def parse_args(argv=None):
     p.set_defaults(lr=1e-2)  # AdamW's step for this small CNN (SGD's default is 0.05)
     p.add_argument("--nproc", type=options.positive_int, help="ranks (default: GPUs, or 2)")
     p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl if CUDA works")
-    p.add_argument("--optimizer", choices=("sharded", "plain"), default="sharded")
+    p.add_argument("--optimizer", choices=("sharded", "plain", "torch"), default="sharded")
     return options.parse(p, argv)
 
 
@@ -51,7 +53,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         group = self.param_groups[-1]
         # TODO: give each new parameter an owner, balancing the bytes each rank steps, and
         # hand this rank's share of the group (same hyperparameters) to self.local.
-        raise NotImplementedError("TODO at 10_sharding/zero.py:54 is not done yet")
+        raise NotImplementedError("TODO at 10_sharding/zero.py:56 is not done yet")
         # optimizer_cls filled in its defaults (AdamW: betas, eps...): keep them here too,
         # where schedulers and state_dict() read them.
         group.update({k: v for k, v in self.local.param_groups[-1].items() if k != "params"})
@@ -63,7 +65,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             mine.update({k: v for k, v in group.items() if k != "params"})
         loss = self.local.step(closure)
         # TODO: after this rank's step, every rank must hold every updated parameter.
-        raise NotImplementedError("TODO at 10_sharding/zero.py:66 is not done yet")
+        raise NotImplementedError("TODO at 10_sharding/zero.py:68 is not done yet")
         return loss
 
     def _order(self) -> list[torch.Tensor]:
@@ -76,7 +78,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         index = {p: i for i, p in enumerate(self._order())}
         # TODO: the unsharded optimizer's state_dict, on every rank: each rank's entries,
         # re-numbered by the global order (index), gathered from all ranks.
-        raise NotImplementedError("TODO at 10_sharding/zero.py:79 is not done yet")
+        raise NotImplementedError("TODO at 10_sharding/zero.py:81 is not done yet")
         groups = super().state_dict()["param_groups"]  # hyperparameters, global indices
         return {"state": dict(sorted(state.items())), "param_groups": groups}
 
@@ -102,7 +104,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of the tensors in this rank's optimizer state (AdamW: two per parameter)."""
-    inner = optimizer.local if isinstance(optimizer, ShardedOptimizer) else optimizer
+    inner = getattr(optimizer, "local", getattr(optimizer, "optim", optimizer))  # the shard's
     tensors = [t for s in inner.state.values() for t in s.values() if torch.is_tensor(t)]
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -125,6 +127,8 @@ def train(rank: int, world_size: int, device: torch.device, args) -> None:
     groups = [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}]
     if args.optimizer == "sharded":
         optimizer = ShardedOptimizer(groups, torch.optim.AdamW, lr=args.lr)
+    elif args.optimizer == "torch":  # PyTorch's own ZeRO stage 1, for comparison
+        optimizer = ZeroRedundancyOptimizer(groups, torch.optim.AdamW, lr=args.lr)
     else:
         optimizer = torch.optim.AdamW(groups, lr=args.lr)
     log, step = metrics.RunLog(args, world_size=world_size, optimizer=args.optimizer), 0

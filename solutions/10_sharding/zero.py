@@ -3,6 +3,7 @@
 Run it:
     python lessons/10_sharding/zero.py --nproc 2 --backend gloo    # 2 CPU ranks
     python lessons/10_sharding/zero.py --optimizer plain           # AdamW whole on every rank
+    python lessons/10_sharding/zero.py --optimizer torch           # PyTorch's ZeRO-1
     python -m course grade 10                                      # grade your version
 """
 
@@ -13,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
@@ -25,7 +27,7 @@ def parse_args(argv=None):
     p.set_defaults(lr=1e-2)  # AdamW's step for this small CNN (SGD's default is 0.05)
     p.add_argument("--nproc", type=options.positive_int, help="ranks (default: GPUs, or 2)")
     p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl if CUDA works")
-    p.add_argument("--optimizer", choices=("sharded", "plain"), default="sharded")
+    p.add_argument("--optimizer", choices=("sharded", "plain", "torch"), default="sharded")
     return options.parse(p, argv)
 
 
@@ -145,7 +147,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of the tensors in this rank's optimizer state (AdamW: two per parameter)."""
-    inner = optimizer.local if isinstance(optimizer, ShardedOptimizer) else optimizer
+    inner = getattr(optimizer, "local", getattr(optimizer, "optim", optimizer))  # the shard's
     tensors = [t for s in inner.state.values() for t in s.values() if torch.is_tensor(t)]
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -168,6 +170,8 @@ def train(rank: int, world_size: int, device: torch.device, args) -> None:
     groups = [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}]
     if args.optimizer == "sharded":
         optimizer = ShardedOptimizer(groups, torch.optim.AdamW, lr=args.lr)
+    elif args.optimizer == "torch":  # PyTorch's own ZeRO stage 1, for comparison
+        optimizer = ZeroRedundancyOptimizer(groups, torch.optim.AdamW, lr=args.lr)
     else:
         optimizer = torch.optim.AdamW(groups, lr=args.lr)
     log, step = metrics.RunLog(args, world_size=world_size, optimizer=args.optimizer), 0
