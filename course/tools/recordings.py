@@ -220,8 +220,7 @@ RECORDINGS = (
     Recording(
         "10_fsdp_wide",
         "10_sharding/fsdp.py",
-        ("--nproc", "2", "--backend", "gloo", "--compute-dtype", "bf16")
-        + ("--dim", "256", "--depth", "4", "--steps", "5"),
-        "lesson 10, MiniFSDP in bf16, TinyLM of width 256 and 4 blocks",
+        ("--nproc", "2", "--backend", "gloo", "--dim", "256", "--depth", "4", "--steps", "5"),
+        "lesson 10, MiniFSDP, TinyLM of width 256 and 4 blocks",
     ),
 )
