@@ -128,10 +128,11 @@ class Offline:
     def page(self):
         page = self.context.new_page()
         page.on("pageerror", lambda exc: self.errors.append(str(exc)))
-        self.pending: dict[str, float] = {}  # request URL -> when it started
-        page.on("request", lambda r: self.pending.setdefault(r.url, time.monotonic()))
-        page.on("requestfinished", lambda r: self.pending.pop(r.url, None))
-        page.on("requestfailed", lambda r: self.pending.pop(r.url, None))
+        # Keyed by the request itself, not its URL: a page may ask for one URL twice.
+        self.pending: dict[object, float] = {}  # request -> when it started
+        page.on("request", lambda r: self.pending.setdefault(r, time.monotonic()))
+        page.on("requestfinished", lambda r: self.pending.pop(r, None))
+        page.on("requestfailed", lambda r: self.pending.pop(r, None))
         page.goto = functools.partial(self._goto, page, page.goto)
         return page
 
@@ -144,12 +145,27 @@ class Offline:
             return goto(url, **kwargs)
         except sync_api.TimeoutError:
             now = time.monotonic()
-            waiting = [f"{u} ({now - t:.1f} s)" for u, t in self.pending.items()]
+            waiting = [f"{r.url} ({now - t:.1f} s)" for r, t in self.pending.items()]
             message = (
                 f"{url} did not finish loading in {now - started:.1f} s; requests still "
-                f"open: {waiting or 'none (the load event itself never fired)'}"
+                f"open: {waiting or 'none'}; the page says: {self._state(page)}"
             )
         pytest.fail(message, pytrace=False)
+
+    @staticmethod
+    def _state(page) -> str:
+        """What the page itself reports after a load timed out: its readyState, and the
+        resources it started that have no response end yet."""
+        try:
+            return str(
+                page.evaluate(
+                    """() => ({readyState: document.readyState, url: location.href,
+                         unfinished: performance.getEntriesByType('resource')
+                           .filter(e => !e.responseEnd).map(e => e.name)})""",
+                )
+            )
+        except Exception as exc:  # noqa: BLE001 - a diagnostic must not hide the timeout
+            return f"(could not ask: {type(exc).__name__}: {str(exc)[:200]})"
 
     def assert_offline(self):
         assert not self.blocked, f"the site tried to reach the network: {self.blocked}"
