@@ -151,8 +151,9 @@ LESSONS: tuple[Lesson, ...] = (
         script="zero.py",
         launcher="spawn",
         summary="ShardedOptimizer (ZeRO stage 1) keeps 1/N of Adam's state on each rank; "
-        "MiniFSDP (ZeRO stage 3) keeps 1/N of every weight, gathered layer by layer.",
-        exercises=("zero.py", "fsdp.py"),
+        "MiniFSDP (ZeRO stage 3) keeps 1/N of every weight, gathered layer by layer; "
+        "then PyTorch's FSDP2, and checkpoints that resume on any number of ranks.",
+        exercises=("zero.py", "fsdp.py", "fsdp2.py"),
     ),
 )
 

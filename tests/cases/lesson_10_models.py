@@ -129,3 +129,42 @@ def fsdp_reference(steps: int = FSDP_STEPS) -> dict:
         loss(model, inputs, targets).backward()
         optimizer.step()
     return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+# --- part 3: FSDP2 and distributed checkpoints (tests/cases/lesson_10_fsdp2.py) ---------
+# The course's own TinyLM and lookup language (course/models.py, course/data.py), small;
+# BATCH2 sequences a step in all, split over 1, 2 or 3 ranks.
+VOCAB2, DIM2, DEPTH2, SEQ2, BATCH2 = 16, 32, 2, 8, 12
+SEED2, LR2, STEPS2, SAVE_AT2 = 3, 3e-3, 5, 3
+
+
+def fsdp2_model(seed: int | None = None) -> nn.Module:
+    from course import models
+
+    torch.manual_seed(SEED2 if seed is None else seed)
+    return models.TinyLM(VOCAB2, DIM2, DEPTH2)
+
+
+def fsdp2_batch(step: int, rank: int = 0, world: int = 1):
+    """Rank `rank`'s part of step `step`'s global batch."""
+    from course import data
+
+    tokens, targets = data.lookup_tokens(step, 0, BATCH2, VOCAB2, SEQ2)
+    return tokens.chunk(world)[rank], targets.chunk(world)[rank]
+
+
+def fsdp2_step(model, optimizer, step: int, rank: int = 0, world: int = 1) -> None:
+    tokens, targets = fsdp2_batch(step, rank, world)
+    out = model(tokens)
+    F.cross_entropy(out.flatten(0, 1).float(), targets.flatten()).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def fsdp2_reference(steps: int = STEPS2, seed: int | None = None) -> dict:
+    """Parameters by name after `steps` AdamW steps in one process on the whole batch."""
+    model = fsdp2_model(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR2)
+    for step in range(1, steps + 1):
+        fsdp2_step(model, optimizer, step)
+    return {k: v.detach().clone() for k, v in model.named_parameters()}

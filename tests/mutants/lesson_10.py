@@ -1,11 +1,13 @@
 """Realistic wrong versions of lesson 10 (ShardedOptimizer, ZeRO stage 1, in zero.py;
-MiniFSDP, ZeRO stage 3, in fsdp.py), and an honest different version of both.
+MiniFSDP, ZeRO stage 3, in fsdp.py; FSDP2 and distributed checkpoints in fsdp2.py), and an
+honest different version of all three.
 
 Format: see lesson_03.py.
 """
 
 FILE = "10_sharding/zero.py"
 FSDP = "10_sharding/fsdp.py"  # part 2: MiniFSDP
+FSDP2 = "10_sharding/fsdp2.py"  # part 3: PyTorch's FSDP2 and distributed checkpoints
 
 MUTANTS = [
     dict(
@@ -115,6 +117,93 @@ MUTANTS = [
         new="        if False:\n",
         caught_by="gathers_again",
     ),
+    dict(
+        file=FSDP2,
+        name="fsdp2_root_only",
+        why="fully_shard on the root only: one unit, every weight gathered for the whole forward",
+        old="""    for block in model.blocks:
+        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+""",
+        new="",
+        caught_by="fsdp2_shards_every_block",
+    ),
+    dict(
+        file=FSDP2,
+        name="fsdp2_blocks_only",
+        why="the blocks sharded, the root not: the embedding and the norm stay whole",
+        old="    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)\n",
+        new="",
+        caught_by="fsdp2_shards_every_block",
+    ),
+    dict(
+        file=FSDP2,
+        name="fsdp2_policy_ignores_the_dtype",
+        why="MixedPrecisionPolicy without param_dtype: bf16 asked, fp32 gathered and computed",
+        old="MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)",
+        new="MixedPrecisionPolicy(reduce_dtype=torch.float32)",
+        caught_by="gathers_and_computes_in_bf16",
+    ),
+    dict(
+        file=FSDP2,
+        name="fsdp2_reduces_in_bf16",
+        why="no reduce_dtype: gradients travel and are summed in bf16",
+        old="MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)",
+        new="MixedPrecisionPolicy(param_dtype=compute_dtype)",
+        caught_by="gathers_and_computes_in_bf16",
+    ),
+    dict(
+        file=FSDP2,
+        name="fsdp2_reshard_flag_ignored",
+        why="reshard_after_forward not passed on: FSDP2's default (True) whatever was asked",
+        old="""        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+""",
+        new="""        fully_shard(block, mp_policy=policy)
+""",
+        caught_by="reshards_after_forward_only",
+    ),
+    dict(
+        file=FSDP2,
+        name="save_straight_into_place",
+        why="dcp.save writes into folder/step-N itself: a crash leaves a checkpoint without "
+        "its metadata, which latest() then picks",
+        old="""    dcp.save(state, checkpoint_id=temporary)
+    if dist.get_rank() == 0:
+        os.replace(temporary, final)
+""",
+        new="""    dcp.save(state, checkpoint_id=final)
+""",
+        caught_by="cut_short",
+    ),
+    dict(
+        file=FSDP2,
+        name="optimizer_state_not_saved",
+        why="only the model saved and loaded: AdamW starts again from empty moments",
+        old="""    state = {"model": model_state, "optim": optim_state, "step": torch.tensor(step)}""",
+        new="""    state = {"model": model_state, "step": torch.tensor(step)}""",
+        also=[
+            dict(
+                old="""    state = {"model": model_state, "optim": optim_state, "step": torch.tensor(0)}""",
+                new="""    state = {"model": model_state, "step": torch.tensor(0)}""",
+            ),
+            dict(
+                old="""    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])  # fmt: skip
+""",
+                new="""    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=optim_state)  # fmt: skip
+""",
+            ),
+        ],
+        caught_by="resumes_on_3",
+    ),
+    dict(
+        file=FSDP2,
+        name="step_not_read_back",
+        why="load() fills the model and the optimizer but reports step 0: the run repeats steps",
+        old="""    return int(state["step"])""",
+        new="    return 0",
+        caught_by="resumes_on_3",
+    ),
 ]
 
 ALTERNATIVES = [
@@ -123,7 +212,9 @@ ALTERNATIVES = [
         why="owners by cutting the parameter list where the bytes pass each rank's even share; "
         "the updated shards sent with one all_gather_object of the CPU tensors. MiniFSDP: "
         "all_gather and reduce_scatter with lists of the buffer's chunks (views, written in "
-        "place), and the next layer found by its index in the recorded order",
+        "place), and the next layer found by its index in the recorded order. FSDP2: the "
+        "units in one loop, the state dicts from their own functions, a visible temporary "
+        "folder moved into place with shutil",
         old=(
             '        for p in sorted(group["params"], key=lambda p: -p.numel() * p.element_size()):\n'
             "            if p not in self.owner:\n"
@@ -172,6 +263,74 @@ ALTERNATIVES = [
                 file=FSDP,
                 old="        if not self.first_forward and self.position + 1 < len(self.order):\n            nxt = self.order[self.position + 1]\n            self.pending[nxt] = self._start_gather(nxt)\n        self.position += 1\n",
                 new="        at = self.order.index(layer)\n        if not self.first_forward and at + 1 < len(self.order):\n            self.pending[self.order[at + 1]] = self._start_gather(self.order[at + 1])\n",
+            ),
+            dict(
+                file=FSDP2,
+                old="""    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+""",
+                new="""    settings = dict(
+        mp_policy=MixedPrecisionPolicy(compute_dtype, torch.float32),
+        reshard_after_forward=reshard_after_forward,
+    )
+    for unit in [*model.blocks, model]:  # the root last
+        fully_shard(unit, **settings)
+""",
+            ),
+            dict(
+                file=FSDP2,
+                old="from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict\n",
+                new=(
+                    "from torch.distributed.checkpoint.state_dict import (\n"
+                    "    get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,\n"
+                    "    set_optimizer_state_dict, get_state_dict, set_state_dict,\n"
+                    ")\n"
+                ),
+            ),
+            dict(
+                file=FSDP2,
+                old="""    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state, "step": torch.tensor(step)}
+    dcp.save(state, checkpoint_id=temporary)
+    if dist.get_rank() == 0:
+        os.replace(temporary, final)
+    dist.barrier()
+""",
+                new="""    writing = folder / f"incomplete-{step}"  # not step-*: latest() never sees it
+    state = {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, optimizer),
+        "step": torch.tensor(step),
+    }
+    dcp.save(state, checkpoint_id=writing)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.move(writing, final)
+    dist.barrier()
+""",
+            ),
+            dict(
+                file=FSDP2,
+                old="""    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state, "step": torch.tensor(0)}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])  # fmt: skip
+    return int(state["step"])
+""",
+                new="""    step = torch.zeros((), dtype=torch.int64)
+    state = {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, optimizer),
+        "step": step,
+    }
+    dcp.load(state, checkpoint_id=str(path))
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optim"])
+    return state["step"].item()
+""",
             ),
         ],
     ),
