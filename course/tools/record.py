@@ -114,6 +114,10 @@ def run(recording: Recording, cwd: Path) -> procs.RunResult:
     progress bars."""
     launch = procs.run_torchrun if recording.torchrun else procs.run
     env = {**PINNED_ENV, **dict(recording.env)}
+    if recording.before:  # what the recorded command starts from, in the same folder
+        first = procs.run(args=recording.before_command(), timeout=180, cwd=cwd, env=env)
+        if not first.ok:
+            return first
     return launch(args=recording.command(), timeout=180, cwd=cwd, env=env)
 
 

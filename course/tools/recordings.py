@@ -28,6 +28,12 @@ class Recording:
     exit_code: int = 0  # what the command must exit with (a broken starter's failure)
     keep: str | None = None  # a regular expression: only the lines it matches are kept
     clock: bool = False  # run under `python -m course clock` (steps and data wait)
+    # The same script run first with these arguments, in the same folder, its output not
+    # kept: what the recorded command starts from (a checkpoint to resume, say).
+    before: tuple[str, ...] = ()
+
+    def before_command(self) -> list[str]:
+        return [*self.command()[: -len(self.args) or None], *self.before]
 
     def command(self) -> list[str]:
         script = str(REPO_ROOT / ("lessons" if self.starter else "solutions") / self.script)
@@ -216,6 +222,25 @@ RECORDINGS = (
         "10_sharding/fsdp.py",
         ("--nproc", "2", "--backend", "gloo"),
         "lesson 10, MiniFSDP on two gloo ranks, TinyLM of width 64 and 2 blocks",
+    ),
+    Recording(
+        "10_fsdp2_save",
+        "10_sharding/fsdp2.py",
+        ("--nproc", "2", "--backend", "gloo", "--steps", "30", "--checkpoint", "ckpt"),
+        "lesson 10, FSDP2 on two gloo ranks, a distributed checkpoint saved at step 30",
+    ),
+    Recording(
+        "10_fsdp2_resume",
+        "10_sharding/fsdp2.py",
+        ("--nproc", "3", "--backend", "gloo", "--steps", "60", "--checkpoint", "ckpt"),
+        "lesson 10, FSDP2: the checkpoint two ranks saved at step 30, resumed on three",
+        before=("--nproc", "2", "--backend", "gloo", "--steps", "30", "--checkpoint", "ckpt"),
+    ),
+    Recording(
+        "10_fsdp2_straight",
+        "10_sharding/fsdp2.py",
+        ("--nproc", "2", "--backend", "gloo", "--steps", "60"),
+        "lesson 10, FSDP2 on two gloo ranks, 60 steps without a stop",
     ),
     Recording(
         "10_fsdp_wide",
