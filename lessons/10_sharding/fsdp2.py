@@ -20,6 +20,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -38,7 +39,7 @@ def parse_args(argv=None):
     p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl if CUDA works")
     p.add_argument("--compute-dtype", choices=DTYPES, default="fp32")
     p.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction,
-                   default=True, help="free each block's gathered weights after its forward")  # fmt: skip
+                   default=True, help="free each block's full weights after forward")  # fmt: skip
     p.add_argument("--dim", type=options.positive_int, default=64, help="model width")
     p.add_argument("--depth", type=options.positive_int, default=2, help="blocks")
     p.add_argument("--steps", type=options.positive_int, default=60, help="train up to this step")
@@ -47,14 +48,17 @@ def parse_args(argv=None):
 
 
 # --8<-- [start:shard]
-def shard(model: models.TinyLM, compute_dtype, reshard_after_forward: bool) -> None:
+def shard(model: models.TinyLM, compute_dtype, reshard: bool) -> None:
     """FSDP2 on `model`, in place: each block its own unit (gathered just before it runs),
     then the root, which takes what is left (the embedding, tied to the head, and the norm).
     Weights are gathered and used in `compute_dtype`; gradients are reduced in fp32."""
+    # The ranks and the device the shards live on. Without a mesh FSDP2 picks CUDA
+    # whenever a GPU is visible, even for a CPU model on gloo: name the model's device.
+    mesh = init_device_mesh(next(model.parameters()).device.type, (dist.get_world_size(),))
     # TODO: build a MixedPrecisionPolicy whose param_dtype is compute_dtype (None keeps fp32)
     #   and whose reduce_dtype is fp32, then call fully_shard on every block, then on the
-    #   root, each with that policy and reshard_after_forward.
-    raise NotImplementedError("TODO at 10_sharding/fsdp2.py:57 is not done yet")
+    #   root, each with the mesh, that policy and reshard_after_forward=reshard.
+    raise NotImplementedError("TODO at 10_sharding/fsdp2.py:61 is not done yet")
 
 
 # --8<-- [end:shard]
@@ -67,7 +71,7 @@ def save(model, optimizer, step: int, folder: Path) -> Path:
     # TODO: get the model's and the optimizer's state dicts (sharded: each rank's own
     #   part), save them and the step with torch.distributed.checkpoint into `temporary`,
     #   and once every rank is done, let rank 0 rename it to `final`.
-    raise NotImplementedError("TODO at 10_sharding/fsdp2.py:70 is not done yet")
+    raise NotImplementedError("TODO at 10_sharding/fsdp2.py:74 is not done yet")
     return final
 
 
@@ -82,7 +86,7 @@ def load(model, optimizer, path: Path) -> int:
     returns the step it was saved at."""
     # TODO: load into state dicts shaped for *this* run (get_state_dict), with
     #   torch.distributed.checkpoint, then put them into the model and the optimizer.
-    raise NotImplementedError("TODO at 10_sharding/fsdp2.py:85 is not done yet")
+    raise NotImplementedError("TODO at 10_sharding/fsdp2.py:89 is not done yet")
 
 
 # --8<-- [end:checkpoint]

@@ -20,6 +20,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -38,7 +39,7 @@ def parse_args(argv=None):
     p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl if CUDA works")
     p.add_argument("--compute-dtype", choices=DTYPES, default="fp32")
     p.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction,
-                   default=True, help="free each block's gathered weights after its forward")  # fmt: skip
+                   default=True, help="free each block's full weights after forward")  # fmt: skip
     p.add_argument("--dim", type=options.positive_int, default=64, help="model width")
     p.add_argument("--depth", type=options.positive_int, default=2, help="blocks")
     p.add_argument("--steps", type=options.positive_int, default=60, help="train up to this step")
@@ -47,20 +48,23 @@ def parse_args(argv=None):
 
 
 # --8<-- [start:shard]
-def shard(model: models.TinyLM, compute_dtype, reshard_after_forward: bool) -> None:
+def shard(model: models.TinyLM, compute_dtype, reshard: bool) -> None:
     """FSDP2 on `model`, in place: each block its own unit (gathered just before it runs),
     then the root, which takes what is left (the embedding, tied to the head, and the norm).
     Weights are gathered and used in `compute_dtype`; gradients are reduced in fp32."""
+    # The ranks and the device the shards live on. Without a mesh FSDP2 picks CUDA
+    # whenever a GPU is visible, even for a CPU model on gloo: name the model's device.
+    mesh = init_device_mesh(next(model.parameters()).device.type, (dist.get_world_size(),))
     # TODO: build a MixedPrecisionPolicy whose param_dtype is compute_dtype (None keeps fp32)
     #   and whose reduce_dtype is fp32, then call fully_shard on every block, then on the
-    #   root, each with that policy and reshard_after_forward.
+    #   root, each with the mesh, that policy and reshard_after_forward=reshard.
     # HINT 1: policy = MixedPrecisionPolicy(param_dtype=..., reduce_dtype=torch.float32)
     # HINT 2: the root's parameters are those no block claimed; call it last.
     ### BEGIN SOLUTION
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for block in model.blocks:
-        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     ### END SOLUTION
 
 

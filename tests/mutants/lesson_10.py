@@ -122,7 +122,7 @@ MUTANTS = [
         name="fsdp2_root_only",
         why="fully_shard on the root only: one unit, every weight gathered for the whole forward",
         old="""    for block in model.blocks:
-        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
 """,
         new="",
         caught_by="fsdp2_shards_every_block",
@@ -131,7 +131,7 @@ MUTANTS = [
         file=FSDP2,
         name="fsdp2_blocks_only",
         why="the blocks sharded, the root not: the embedding and the norm stay whole",
-        old="    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)\n",
+        old="    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)\n",
         new="",
         caught_by="fsdp2_shards_every_block",
     ),
@@ -155,9 +155,9 @@ MUTANTS = [
         file=FSDP2,
         name="fsdp2_reshard_flag_ignored",
         why="reshard_after_forward not passed on: FSDP2's default (True) whatever was asked",
-        old="""        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        old="""        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
 """,
-        new="""        fully_shard(block, mp_policy=policy)
+        new="""        fully_shard(block, mesh=mesh, mp_policy=policy)
 """,
         caught_by="reshards_after_forward_only",
     ),
@@ -268,12 +268,13 @@ ALTERNATIVES = [
                 file=FSDP2,
                 old="""    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for block in model.blocks:
-        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
 """,
                 new="""    settings = dict(
+        mesh=mesh,
         mp_policy=MixedPrecisionPolicy(compute_dtype, torch.float32),
-        reshard_after_forward=reshard_after_forward,
+        reshard_after_forward=reshard,
     )
     for unit in [*model.blocks, model]:  # the root last
         fully_shard(unit, **settings)
