@@ -141,6 +141,27 @@ def mean_over_ranks(mean: float, count: int) -> tuple[float, int]:
     return (total / seen if seen else 0.0), int(seen)
 
 
+def reduce_scatter_averages() -> bool:
+    """Whether this group's reduce_scatter_tensor honours ReduceOp.AVG (one tiny collective;
+    every rank must call it). PyTorch 2.8's gloo returns the *sum* instead, silently
+    (measured: two ranks sending 1 and 2 received 3.0, where 2.14.1 gives 1.5; its
+    all_reduce averages), and FSDP2 asks for AVG when it reduces in fp32 or bf16."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    device = "cpu"
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    world = dist.get_world_size()
+    out = torch.zeros(1, device=device)
+    with warnings.catch_warnings():  # 2.14 renamed it reduce_scatter_single; 2.8 has this name
+        warnings.simplefilter("ignore", FutureWarning)
+        dist.reduce_scatter_tensor(out, torch.ones(world, device=device), op=dist.ReduceOp.AVG)
+    return out.item() == 1.0
+
+
 def process_group_timeout() -> timedelta:
     """How long a collective may wait for the other ranks before it raises.
 

@@ -116,3 +116,49 @@ def test_destroy_process_group_leaves_no_reference_after_course_ranks(tmp_path):
         f"group after destroy_process_group() (imported late: {held['late']}): its threads "
         "will outlive it"
     )
+
+
+FSDP2_SCALE = """
+import sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+from course import ranks
+
+def rank_main(rank, port):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    ranks.join_local(rank, 2, "gloo", port)
+    averages = ranks.reduce_scatter_averages()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 4, bias=False)
+    fully_shard(layer, mesh=init_device_mesh("cpu", (2,)))
+    x = torch.full((1, 4), float(rank + 1))  # rank 0 sends 1s, rank 1 sends 2s
+    layer(x).sum().backward()
+    # d(sum of outputs)/dW is x in every row: the mean over the ranks is 1.5, the sum 3.
+    grad = layer.weight.grad.full_tensor()
+    if rank == 0:
+        print(averages, grad.mean().item())
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(rank_main, args=(ranks.free_port(),), nprocs=2)
+"""
+
+
+def test_reduce_scatter_averages_says_what_fsdp2_will_do(tmp_path):
+    """course.ranks.reduce_scatter_averages() is True exactly where FSDP2's gradients come
+    back averaged over 2 gloo ranks, and False where they come back summed (PyTorch 2.8:
+    its gloo reduce-scatter ignores ReduceOp.AVG), whichever this PyTorch does."""
+    import sys
+
+    from course import procs
+
+    script = tmp_path / "scale.py"
+    script.write_text(FSDP2_SCALE)
+    result = procs.run(args=[sys.executable, str(script)], timeout=90, cwd=tmp_path)
+    assert result.returncode == 0, result.describe()
+    said, mean = result.output.split()[-2:]
+    assert float(mean) in (1.5, 3.0), f"FSDP2's gradient is {mean}, neither mean nor sum"
+    assert (said == "True") == (float(mean) == 1.5), (
+        f"reduce_scatter_averages() said {said}, and FSDP2's gradient was {mean} "
+        "(1.5 is the mean over the ranks, 3.0 the sum)"
+    )

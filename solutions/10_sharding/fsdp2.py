@@ -124,6 +124,7 @@ def train(rank: int, world_size: int, device, args) -> None:
     model = models.TinyLM(VOCAB, args.dim, args.depth).to(device)
     shard(model, DTYPES[args.compute_dtype], args.reshard_after_forward)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    summed = not ranks.reduce_scatter_averages()  # PyTorch 2.8 on gloo: see the page
     start = 0
     if args.checkpoint and (found := latest(args.checkpoint)):
         start = load(model, optimizer, found)
@@ -139,6 +140,8 @@ def train(rank: int, world_size: int, device, args) -> None:
                   f"{sum(whole)} of {len(whole)} block parameters are whole")  # fmt: skip
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         loss.backward()  # FSDP2 reduce-scatters each block's gradient as backward leaves it
+        for p in model.parameters() if summed else ():  # it asked for the mean, got the sum
+            p.grad /= world_size
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         mean, _ = ranks.mean_over_ranks(loss.item(), len(tokens))

@@ -90,6 +90,7 @@ def _shard(rank, world, port, out, lesson_file, backend):
     log_dtypes(seen)
     lesson = submission.load(Path(lesson_file), requires=REQUIRES)
     ranks.join_local(rank, world, backend, port)
+    summed = not ranks.reduce_scatter_averages()  # PyTorch 2.8's gloo (lesson_10_models.py)
     try:
         notes, tensors = {}, {}
         for setting, dtype, reshard in (("fp32", None, True), ("bf16", torch.bfloat16, False)):
@@ -115,6 +116,8 @@ def _shard(rank, world, port, out, lesson_file, backend):
             logits = model(tokens)
             whole = [not isinstance(p, DTensor) for b in model.blocks for p in b.parameters()]
             F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()).backward()
+            for p in model.parameters() if summed else ():
+                p.grad /= world
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             notes[setting] = {
@@ -123,7 +126,7 @@ def _shard(rank, world, port, out, lesson_file, backend):
             }  # fmt: skip
             if setting == "fp32":
                 for step in range(2, STEPS + 1):
-                    train_step(model, optimizer, step, rank, world)
+                    train_step(model, optimizer, step, rank, world, summed)
                 tensors = {f"rank{rank}/{k}": v for k, v in full_params(model).items()}
         torch.save(tensors, Path(out) / f"rank{rank}.pt")
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(notes))
@@ -154,16 +157,17 @@ def _save(rank, world, port, out, lesson_file, backend):
 
     lesson = submission.load(Path(lesson_file), requires=REQUIRES)
     ranks.join_local(rank, world, backend, port)
+    summed = not ranks.reduce_scatter_averages()  # PyTorch 2.8's gloo (lesson_10_models.py)
     try:
         model = build()
         lesson.shard(model, None, True)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
         for step in range(1, SAVE_AT + 1):
-            train_step(model, optimizer, step, rank, world)
+            train_step(model, optimizer, step, rank, world, summed)
         saved = lesson.save(model, optimizer, SAVE_AT, Path(out) / "ckpt")
         tensors = {f"saved/{k}": v for k, v in full_params(model).items()}
         tensors |= {f"saved_moment/{k}": v for k, v in full_moments(model, optimizer).items()}
-        train_step(model, optimizer, SAVE_AT + 1, rank, world)
+        train_step(model, optimizer, SAVE_AT + 1, rank, world, summed)
         writer = dcp.FileSystemWriter
         finish = writer.finish
 
@@ -194,6 +198,7 @@ def _resume(rank, world, port, out, lesson_file, backend):
 
     lesson = submission.load(Path(lesson_file), requires=REQUIRES)
     ranks.join_local(rank, world, backend, port)
+    summed = not ranks.reduce_scatter_averages()  # PyTorch 2.8's gloo (lesson_10_models.py)
     try:
         model = build(m.SEED2 + 1)  # other values, which the load must replace
         lesson.shard(model, None, True)
@@ -204,7 +209,7 @@ def _resume(rank, world, port, out, lesson_file, backend):
         moments = full_moments(model, optimizer)
         tensors |= {f"{world}/loaded_moment/{k}": v for k, v in moments.items()}
         for later in range(int(step) + 1, STEPS + 1):
-            train_step(model, optimizer, later, rank, world)
+            train_step(model, optimizer, later, rank, world, summed)
         tensors |= {f"{world}/end/{k}": v for k, v in full_params(model).items()}
         if rank == 0:
             torch.save(tensors, Path(out) / f"resume{world}.pt")

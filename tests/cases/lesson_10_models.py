@@ -153,10 +153,15 @@ def fsdp2_batch(step: int, rank: int = 0, world: int = 1):
     return tokens.chunk(world)[rank], targets.chunk(world)[rank]
 
 
-def fsdp2_step(model, optimizer, step: int, rank: int = 0, world: int = 1) -> None:
+def fsdp2_step(model, optimizer, step: int, rank: int = 0, world: int = 1, summed=False):
+    """One AdamW step on this rank's part of the batch. summed: the group's reduce-scatter
+    returned sums where FSDP2 asked for means (PyTorch 2.8's gloo): divide, as the lesson
+    script does, so that the submission is graded, not that bug."""
     tokens, targets = fsdp2_batch(step, rank, world)
     out = model(tokens)
     F.cross_entropy(out.flatten(0, 1).float(), targets.flatten()).backward()
+    for p in model.parameters() if summed else ():
+        p.grad /= world
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
