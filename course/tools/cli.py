@@ -15,6 +15,8 @@ python -m course record [NAME ...]         # re-record the outputs the pages sho
 python -m course durations runs/suite.xml  # the suite's seconds by file and kind (--junitxml)
 python -m course timeline --out t.json     # backward and DDP's all-reduces on one time axis
 python -m course clock SCRIPT [ARGS]       # a script's steps and its data-wait fraction
+python -m course spy SCRIPT [ARGS]         # the stack of every rank of a stuck job (py-spy)
+python -m course memory [--nproc 2]        # lesson 10's sharding ways: bytes predicted, counted
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("bandwidth", help="all_reduce bandwidth by message size", add_help=False)
     sub.add_parser("timeline", help="one DDP step's backward and all-reduces", add_help=False)
     sub.add_parser("clock", help="a script's steps and data-wait fraction", add_help=False)
+    sub.add_parser("spy", help="where each rank of a stuck job waits (py-spy)", add_help=False)
+    sub.add_parser("memory", help="lesson 10: bytes per rank, predicted and counted",
+                   add_help=False)  # fmt: skip
     sub.add_parser(
         "durations", help="the test suite's seconds by file and kind, from a JUnit file",
         add_help=False,
@@ -228,6 +233,22 @@ def main(argv: list[str] | None = None) -> int:
             return clock.main(argv[1:])
         except FileNotFoundError as err:
             print(f"python -m course clock: error: {err}", file=sys.stderr)
+            return 2
+    if argv[:1] == ["memory"]:
+        from course.tools import memory
+
+        try:
+            return memory.main(argv[1:])
+        except (FileNotFoundError, ValueError) as err:
+            print(f"python -m course memory: error: {err}", file=sys.stderr)
+            return 2
+    if argv[:1] == ["spy"]:
+        from course.tools import spy
+
+        try:
+            return spy.main(argv[1:])
+        except FileNotFoundError as err:
+            print(f"python -m course spy: error: {err}", file=sys.stderr)
             return 2
     if argv[:1] == ["durations"]:
         from course.tools import durations

@@ -28,6 +28,8 @@ class Recording:
     exit_code: int = 0  # what the command must exit with (a broken starter's failure)
     keep: str | None = None  # a regular expression: only the lines it matches are kept
     clock: bool = False  # run under `python -m course clock` (steps and data wait)
+    spy: bool = False  # run under `python -m course spy` (each stuck rank's stack; py-spy)
+    verb: str = ""  # a course command of its own (`python -m course VERB ARGS`), no script
     # The same script run first with these arguments, in the same folder, its output not
     # kept: what the recorded command starts from (a checkpoint to resume, say).
     before: tuple[str, ...] = ()
@@ -46,15 +48,21 @@ class Recording:
                 script,
                 *self.args,
             ]
-        if self.clock:
-            return [sys.executable, "-m", "course", "clock", script, *self.args]
+        if self.verb:
+            return [sys.executable, "-m", "course", self.verb, *self.args]
+        if self.clock or self.spy:
+            verb = "clock" if self.clock else "spy"
+            return [sys.executable, "-m", "course", verb, script, *self.args]
         return [sys.executable, script, *self.args]
 
     def shown(self) -> str:
         """The command as a page shows it (the starter's path: what a student runs)."""
         launcher = ["torchrun", *self.torchrun] if self.torchrun else ["python"]
         launcher = ["python", "-m", "course", "clock"] if self.clock else launcher
+        launcher = ["python", "-m", "course", "spy"] if self.spy else launcher
         env = [f"{k}={v}" for k, v in self.env]
+        if self.verb:
+            return " ".join([*env, "python", "-m", "course", self.verb, *self.args])
         return " ".join([*env, *launcher, f"lessons/{self.script}", *self.args])
 
 
@@ -132,6 +140,20 @@ RECORDINGS = (
         starter=True,
         exit_code=1,
         keep=r"^(step \d|RuntimeError|Parameters which|Parameter indices)",
+    ),
+    Recording(
+        "09_unused_cost",
+        "09_debugging/unused.py",
+        ("--compare-find-unused", "--steps", "20"),
+        "lesson 09's unused.py, fixed: step times without and with find_unused_parameters=True",
+    ),
+    Recording(
+        "09_hang_spy",
+        "09_debugging/hang.py",
+        (),
+        "lesson 09's broken hang.py under py-spy: where each rank waits",
+        starter=True,
+        spy=True,
     ),
     Recording(
         "09_rendezvous",
@@ -241,6 +263,13 @@ RECORDINGS = (
         "10_sharding/fsdp2.py",
         ("--nproc", "2", "--backend", "gloo", "--steps", "60"),
         "lesson 10, FSDP2 on two gloo ranks, 60 steps without a stop",
+    ),
+    Recording(
+        "10_memory",
+        "",
+        ("--nproc", "2", "--backend", "gloo"),
+        "lesson 10, the bytes each way of sharding keeps per rank, predicted and counted",
+        verb="memory",
     ),
     Recording(
         "10_fsdp_wide",
