@@ -88,6 +88,8 @@ def runs(impl, backend, tmp_path_factory, request):
         extra = ["--batch-size", 32, "--seed", 0, "--metrics-out", "metrics.json"]
         extra += ["--checkpoint", "ckpt.pt"]
         jobs["learn"] = launch(impl, folder, *extra, nproc=2, backend=backend)
+        (folder / "batches").mkdir()
+        jobs["learn"]["env"][BATCH_ENV] = str(folder / "batches")  # for its port
         jobs = {name: jobs[name] for name in needed(request, tuple(jobs))}
         results = procs.run_all(jobs)
         _runs[backend] = {name: (results[name], folders[name]) for name in jobs}
@@ -192,6 +194,22 @@ def test_ranks_train_on_disjoint_shards_that_change_every_epoch(runs, backend):
     learned(runs)
     _, folder = finished(runs)
     shards_are_disjoint_and_reshuffled(folder / "batches")
+
+
+@pytest.mark.points(1)
+@pytest.mark.needs("ddp", "learn")
+def test_two_jobs_started_together_choose_their_own_ports(runs, backend):
+    """Two jobs launched at once on one machine rendezvous on different MASTER_PORTs (one
+    fixed port makes the second job fail, or join the first, whenever they overlap)."""
+    seen = {name: batch_log.ports(folder / "batches") for name, (_, folder) in runs.items()}
+    for name in runs:
+        finished(runs, name)
+    shared = seen["ddp"] & seen["learn"]
+    assert not shared, (
+        f"both jobs' ranks started with MASTER_PORT={sorted(shared)[0]}: expected each "
+        "launch to choose a free port (course.ranks.free_port()); a fixed port collides as "
+        "soon as two jobs run on one machine"
+    )
 
 
 def shards_are_disjoint_and_reshuffled(batches: Path) -> None:

@@ -10,7 +10,8 @@ DIR/rank<R>.<pid>.txt:
     <pass> <dataset length> <index>,<index>,...
 
 A pass is one iteration over a DataLoader (an epoch, or an evaluation); the
-dataset length tells the training set from the test set.
+dataset length tells the training set from the test set. A process that starts with
+MASTER_PORT in its environment also writes it to DIR/port.<pid>.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def install() -> None:
     from course.probes.write_log import current_rank
 
     folder = Path(os.environ[LOG_ENV])
+    if os.environ.get("MASTER_PORT"):  # the job's rendezvous port, as this process got it
+        (folder / f"port.{os.getpid()}").write_text(os.environ["MASTER_PORT"])
     passes = itertools.count()
     cls = dataloader._BaseDataLoaderIter
     init, reset, next_index = cls.__init__, cls._reset, cls._next_index
@@ -60,6 +63,11 @@ def install() -> None:
         return index
 
     cls.__init__, cls._reset, cls._next_index = __init__, _reset, _next_index
+
+
+def ports(folder: str | Path) -> set[str]:
+    """The MASTER_PORTs the job's processes started with (none, if it set no variable)."""
+    return {path.read_text() for path in Path(folder).glob("port.*")}
 
 
 def passes(folder: str | Path, rank: int, length: int) -> list[list[int]]:

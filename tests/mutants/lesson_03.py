@@ -54,7 +54,7 @@ MUTANTS = [
         why="a hard-coded MASTER_PORT: two jobs on one machine collide",
         old='os.environ["MASTER_PORT"] = str(ranks.free_port())',
         new='os.environ["MASTER_PORT"] = "29533"',
-        caught_by="disjoint",
+        caught_by="choose_their_own_ports",
     ),
     dict(
         name="gradients_never_cleared",
