@@ -42,11 +42,6 @@ VOLATILE = [
     # course clock's timings, and the data-wait share derived from them
     (re.compile(r"steps [\d.]+ ms \([\d.]+ ms a step\)"), "steps N ms (N ms a step)"),
     (re.compile(r"data wait \d+%"), "data wait N%"),
-    # lesson 09's unused.py --compare-find-unused: two median step times and their ratio
-    (
-        re.compile(r"[\d.]+ ms; with find_unused_parameters=True [\d.]+ ms \([\d.]+x\)"),
-        "N ms; with find_unused_parameters=True N ms (Nx)",
-    ),
 ]
 # Lines a record leaves out, because whether and in which form they appear
 # varies from run to run: the traceback a surviving rank prints when its peer

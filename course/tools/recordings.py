@@ -142,12 +142,6 @@ RECORDINGS = (
         keep=r"^(step \d|RuntimeError|Parameters which|Parameter indices)",
     ),
     Recording(
-        "09_unused_cost",
-        "09_debugging/unused.py",
-        ("--compare-find-unused", "--steps", "20"),
-        "lesson 09's unused.py, fixed: step times without and with find_unused_parameters=True",
-    ),
-    Recording(
         "09_hang_spy",
         "09_debugging/hang.py",
         (),

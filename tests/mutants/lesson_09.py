@@ -50,7 +50,7 @@ MUTANTS = [
         also=[
             dict(
                 file=UNUSED,
-                old="    model = DDP(Net(), find_unused_parameters=find_unused)\n",
+                old="    model = DDP(Net())\n",
                 new="    model = DDP(Net(), find_unused_parameters=True)\n",
             )
         ],  # fmt: skip
