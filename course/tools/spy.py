@@ -33,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
     from course.options import ArgumentParser, positive_float
 
     p = ArgumentParser(prog="python -m course spy", description=__doc__.splitlines()[0])
-    p.add_argument("--wait", type=positive_float, default=60, help="seconds to wait (60)")
+    # A rank's imports alone took over 60 s beside the suite's other recordings (2 cores).
+    p.add_argument("--wait", type=positive_float, default=150, help="seconds to wait (150)")
     p.add_argument("script", help="a distributed script (a lesson's, or your own)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     return p
