@@ -155,6 +155,17 @@ LESSONS: tuple[Lesson, ...] = (
         "then PyTorch's FSDP2, and checkpoints that resume on any number of ranks.",
         exercises=("zero.py", "fsdp.py", "fsdp2.py"),
     ),
+    Lesson(
+        number="11",
+        slug="11_model_parallel",
+        title="Model parallelism: pipelines",
+        level="advanced",
+        script="pipeline.py",
+        launcher="spawn",
+        summary="The model cut into stages, one per rank: activations forward and gradients "
+        "back by point-to-point messages, scheduled as GPipe and 1F1B, by hand and with "
+        "torch.distributed.pipelining; the bubble measured against theory.",
+    ),
 )
 
 

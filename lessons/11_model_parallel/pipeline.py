@@ -1,0 +1,259 @@
+"""Lesson 11 - model parallelism, part 1: a pipeline, one stage of the model per rank.
+
+Run it:
+    python lessons/11_model_parallel/pipeline.py --nproc 2 --backend gloo    # GPipe, 2 stages
+    python lessons/11_model_parallel/pipeline.py --schedule 1f1b --micro-batches 8
+    python lessons/11_model_parallel/pipeline.py --schedule torch-1f1b       # PyTorch's own
+    python lessons/11_model_parallel/pipeline.py --stage-ms 10               # measure the bubble
+    python -m course grade 11                                                # grade your version
+"""
+
+import statistics
+import sys
+import time
+from collections import deque
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+from course import data, models, options, ranks
+from course.runtime import exit_with_one_line
+
+VOCAB = 64
+SCHEDULES = ("gpipe", "1f1b", "torch-gpipe", "torch-1f1b")
+
+
+def parse_args(argv=None):
+    p = options.ArgumentParser(prog="pipeline.py", description=__doc__.splitlines()[0])
+    p.add_argument("--nproc", type=options.positive_int, help="stages (default: GPUs, or 2)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl if CUDA works")
+    p.add_argument("--schedule", choices=SCHEDULES, default="gpipe")
+    p.add_argument("--micro-batches", type=options.positive_int, default=4)
+    p.add_argument("--batch-size", type=options.positive_int, default=32, help="whole batch")
+    p.add_argument("--dim", type=options.positive_int, default=64, help="model width")
+    p.add_argument("--depth", type=options.positive_int, default=4, help="blocks, all stages")
+    p.add_argument("--steps", type=options.positive_int, default=60)
+    p.add_argument("--stage-ms", type=options.non_negative_float, default=0.0,
+                   help="a controlled cost: each stage's forward also waits this long, its "
+                   "backward twice as long (to measure the bubble)")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.batch_size % args.micro_batches:
+        p.error(f"--batch-size {args.batch_size} is not a multiple of --micro-batches")
+    return args
+
+
+def build_stage(rank: int, world: int, dim: int, depth: int) -> nn.Sequential:
+    """Stage `rank` of `world`. Every rank builds the whole model from one seed (the
+    weights one process would have), then keeps its own slice of the blocks; the first
+    stage also keeps the embedding, the last the final norm and the output head."""
+    if depth < world:
+        raise ValueError(f"--depth {depth}: fewer blocks than the {world} stages")
+    torch.manual_seed(0)
+    layers = [nn.Embedding(VOCAB, dim), *(models.Block(dim) for _ in range(depth))]
+    layers += [nn.LayerNorm(dim), nn.Linear(dim, VOCAB)]
+    cuts = [1 + depth * r // world for r in range(world + 1)]  # block r's first layer
+    cuts[0], cuts[-1] = 0, len(layers)
+    return nn.Sequential(*layers[cuts[rank] : cuts[rank + 1]])
+
+
+class Pipe:
+    """One stage's view of the pipeline: its module, its neighbours, and point-to-point
+    messages to them. Sends are asynchronous (isend): a stage sending an activation forward
+    while its neighbour sends a gradient back would otherwise each wait for the other.
+    finish() waits for every send."""
+
+    def __init__(self, stage: nn.Module, rank: int, world: int, shape, device):
+        self.stage, self.rank, self.world = stage, rank, world
+        self.shape, self.device = tuple(shape), device  # one micro-batch's activation
+        self.first, self.last = rank == 0, rank == world - 1
+        self.sends, self.losses = [], []
+
+    def recv_forward(self) -> torch.Tensor:
+        x = torch.empty(self.shape, device=self.device)
+        dist.recv(x, src=self.rank - 1)
+        return x
+
+    def send_forward(self, y: torch.Tensor) -> None:
+        self.sends.append(dist.isend(y.detach(), dst=self.rank + 1))
+
+    def recv_backward(self) -> torch.Tensor:
+        grad = torch.empty(self.shape, device=self.device)
+        dist.recv(grad, src=self.rank + 1)
+        return grad
+
+    def send_backward(self, grad: torch.Tensor) -> None:
+        self.sends.append(dist.isend(grad, dst=self.rank - 1))
+
+    def finish(self) -> torch.Tensor | None:
+        """Wait for every send; the step's loss on the last stage, None on the others."""
+        for work in self.sends:
+            work.wait()
+        loss = sum(self.losses) if self.last else None
+        self.sends, self.losses = [], []
+        return loss
+
+
+# --8<-- [start:steps]
+def forward_step(pipe: Pipe, tokens, targets, micro_batches: int):
+    """One micro-batch forward through this stage: returns (input, output), what its
+    backward needs. On the last stage the output is the micro-batch's loss, divided by
+    micro_batches (the step's loss is then their sum, the whole batch's mean)."""
+    # TODO: take the input (the tokens on the first stage, else the previous stage's
+    # activation), run the stage, then send the activation on, or make the loss.
+    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:106 is not done yet")
+    if pipe.last:
+        pipe.losses.append(y.detach())
+    return x, y
+
+
+def backward_step(pipe: Pipe, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One micro-batch backward through this stage, from its loss (last stage) or from
+    the gradient the next stage sends; the input's gradient goes to the previous stage."""
+    # TODO: backward from y, then send the input's gradient back (not from the first stage).
+    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:116 is not done yet")
+
+
+def gpipe(pipe: Pipe, inputs: list, targets: list) -> torch.Tensor | None:
+    """GPipe: every micro-batch forward, then every one backward. Returns the loss (last
+    stage) or None."""
+    # TODO: run forward_step for each micro-batch, keeping what it returns; then
+    # backward_step for each, in the same order.
+    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:124 is not done yet")
+    return pipe.finish()
+
+
+def one_f_one_b(pipe: Pipe, inputs: list, targets: list) -> torch.Tensor | None:
+    """1F1B: a few forwards to fill the pipeline, then one forward and one backward in
+    turn, then the backwards left. Stage r keeps at most (stages - r) micro-batches of
+    activations, whatever the number of micro-batches."""
+    m = len(inputs)
+    # TODO: warm up with the forwards that fill the stages after this one, then alternate
+    # one forward with the oldest micro-batch's backward, then finish the backwards.
+    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:135 is not done yet")
+    return pipe.finish()
+
+
+# --8<-- [end:steps]
+
+
+# --8<-- [start:torch]
+def torch_schedule(stage: nn.Module, pipe: Pipe, name: str, micro_batches: int):
+    """PyTorch's pipeline (torch.distributed.pipelining) over the same stage module:
+    ScheduleGPipe for torch-gpipe, Schedule1F1B for torch-1f1b."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    def loss_fn(logits, targets):  # per micro-batch; the schedule averages the gradients
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    # TODO: wrap the module in a PipelineStage (this rank's stage of pipe.world), and make
+    # the schedule `name` asks for over micro_batches, with loss_fn.
+    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:153 is not done yet")
+
+
+# --8<-- [end:torch]
+
+
+class Watched(nn.Module):
+    """A stage that counts the micro-batches whose activations are alive (forward done,
+    backward not yet begun) and, with --stage-ms, waits a controlled time in forward and
+    twice as long in backward, noting when it is busy."""
+
+    def __init__(self, stage: nn.Module, seconds: float):
+        super().__init__()
+        self.stage, self.seconds = stage, seconds
+        self.alive = self.most_alive = 0
+        self.busy: list[tuple[float, float]] = []
+
+    def wait(self, seconds: float) -> None:
+        if seconds:
+            start = time.perf_counter()
+            time.sleep(seconds)
+            self.busy.append((start, time.perf_counter()))
+
+    def forward(self, x):
+        y = self.stage(x)
+        if y.is_meta or not torch.is_grad_enabled():  # torch's shape inference: not a step
+            return y
+        self.wait(self.seconds)
+        return _Alive.apply(y, self)
+
+
+class _Alive(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, watched):
+        ctx.watched = watched
+        watched.alive += 1
+        watched.most_alive = max(watched.most_alive, watched.alive)
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.watched.alive -= 1
+        ctx.watched.wait(2 * ctx.watched.seconds)
+        return grad, None
+
+
+def bubble(watched: Watched, world: int) -> float:
+    """The step's idle fraction on this rank: 1 - busy / (first start to last end, any rank)."""
+    edges = torch.tensor([-watched.busy[0][0], watched.busy[-1][1]], dtype=torch.float64)
+    dist.all_reduce(edges, op=dist.ReduceOp.MAX)  # the earliest start, the latest end
+    busy = sum(end - start for start, end in watched.busy)
+    return 1 - busy / (edges[1] + edges[0]).item()
+
+
+def worker(rank: int, world: int, backend: str, port: int, args) -> None:
+    torch.set_num_threads(ranks.cpu_share(world))
+    device = ranks.join_local(rank, world, backend, port)
+    try:
+        watched = Watched(build_stage(rank, world, args.dim, args.depth), args.stage_ms / 1e3)
+        watched.to(device)
+        m, size = args.micro_batches, args.batch_size // args.micro_batches
+        pipe = Pipe(watched, rank, world, (size, 16, args.dim), device)  # 16 tokens a row
+        optimizer = torch.optim.AdamW(watched.parameters(), lr=3e-3)
+        if args.schedule.startswith("torch"):
+            schedule = torch_schedule(watched, pipe, args.schedule, m)
+        bubbles = []
+        for step in range(1, args.steps + 1):
+            tokens, targets = (t.to(device) for t in data.lookup_tokens(step, 0, m * size, VOCAB))
+            watched.busy.clear()
+            if args.schedule == "gpipe":
+                loss = gpipe(pipe, tokens.chunk(m), targets.chunk(m))
+            elif args.schedule == "1f1b":
+                loss = one_f_one_b(pipe, tokens.chunk(m), targets.chunk(m))
+            else:  # the first stage gives the inputs, the last the targets
+                losses = []
+                kwargs = dict(target=targets, losses=losses) if pipe.last else {}
+                schedule.step(*([tokens] if pipe.first else []), **kwargs)
+                loss = torch.stack(losses).mean() if pipe.last else None
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if step == 1:  # torch's first step also runs each stage once to learn shapes
+                watched.alive = watched.most_alive = 0
+            if args.stage_ms and step > 1:  # the first step warms up
+                bubbles.append(bubble(watched, world))
+            if pipe.last and (step % 20 == 0 or step in (1, args.steps)):
+                print(f"step {step}/{args.steps}: loss {loss.item():.4f}", flush=True)
+        print(f"stage {rank}: at most {watched.most_alive} of {m} micro-batches' activations "
+              "alive", flush=True)  # fmt: skip
+        if bubbles:
+            theory = (world - 1) / (m + world - 1)
+            print(f"stage {rank}: bubble {statistics.median(bubbles):.3f} of the step "
+                  f"(median of {len(bubbles)}), theory (p-1)/(m+p-1) = {theory:.3f}")  # fmt: skip
+        dist.barrier()  # leave together
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    backend, world = ranks.backend_and_world_size(args.backend, args.nproc)
+    if args.depth < world:
+        raise SystemExit(f"pipeline.py: error: --depth {args.depth} is less than {world} stages")
+    mp.spawn(worker, args=(world, backend, ranks.free_port(), args), nprocs=world)
+
+
+if __name__ == "__main__":
+    sys.exit(exit_with_one_line(main))

@@ -1,0 +1,109 @@
+"""Lesson 11's pipeline schedules, driven in three gloo ranks forked from a child process
+(course/grader/calls.py).
+
+Run by tests/test_11_model_parallel.py as `python lesson_11.py LESSON_FILE OUT_DIR`. Each
+rank builds its stage of the grader's model (tests/cases/lesson_11_models.py), a `Costly`
+stage that waits a controlled time in forward and backward and notes when, wraps it in
+the submission's Pipe, and runs STEPS steps of each schedule: the submission's gpipe and
+one_f_one_b, then PyTorch's ScheduleGPipe and Schedule1F1B as the submission's
+torch_schedule builds them. Every step runs the same whole batch. Each rank writes its
+first step's gradients and outputs, and every step's timings, loss and activation count;
+the test compares them with the whole model run in one process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+import lesson_11_models as m  # noqa: E402
+
+from course.grader.calls import Cases, Tensors  # noqa: E402
+
+cases = Cases()
+SCHEDULES = ("gpipe", "1f1b", "torch-gpipe", "torch-1f1b")
+REQUIRES = ("Pipe", "gpipe", "one_f_one_b", "torch_schedule")
+
+
+def _run(lesson, name: str, stage, pipe, tokens, targets):
+    """One step of schedule `name`; the loss on the last stage, else None."""
+    if name == "gpipe":
+        return lesson.gpipe(pipe, tokens.chunk(m.MICRO), targets.chunk(m.MICRO))
+    if name == "1f1b":
+        return lesson.one_f_one_b(pipe, tokens.chunk(m.MICRO), targets.chunk(m.MICRO))
+    schedule = pipe.torch_schedule
+    losses = []
+    kwargs = dict(target=targets, losses=losses) if pipe.last else {}
+    schedule.step(*([tokens] if pipe.first else []), **kwargs)
+    return torch.stack(losses).mean() if pipe.last else None
+
+
+def _rank(rank, world, port, out, lesson_file, only):
+    from course import ranks
+    from course.grader import submission
+
+    torch.set_num_threads(1)  # 3 ranks on 2 cores: more threads would wait on each other
+    lesson = submission.load(Path(lesson_file), requires=REQUIRES)
+    ranks.join_local(rank, world, "gloo", port)
+    out = Path(out)
+    tensors, found = {}, {}
+    try:
+        tokens, targets = m.batch(1)
+        for name in only:
+            stage = m.Costly(rank)
+            pipe = lesson.Pipe(stage, rank, world, (m.ROWS, m.SEQ, m.DIM), torch.device("cpu"))
+            if name.startswith("torch"):
+                pipe.torch_schedule = lesson.torch_schedule(stage, pipe, name, m.MICRO)
+                # Its first step also runs each stage once more, to learn the shapes: not graded.
+                _run(lesson, name, stage, pipe, tokens, targets)
+            steps = []
+            for step in range(1, m.STEPS + 1):
+                stage.reset()
+                dist.barrier()  # every rank starts the step together
+                loss = _run(lesson, name, stage, pipe, tokens, targets)
+                steps.append({"events": stage.events, "most_alive": stage.most_alive,
+                              "alive_after": stage.alive,
+                              "loss": None if loss is None else float(loss.detach())})  # fmt: skip
+                if step == 1:
+                    for key, grad in stage.gradients().items():
+                        tensors[f"{name}/grad/{key}"] = grad.detach().clone()
+                    if pipe.last and stage.outputs:
+                        tensors[f"{name}/logits"] = torch.cat(stage.outputs)
+            found[name] = steps
+        torch.save(tensors, out / f"rank{rank}.pt")
+        (out / f"rank{rank}.json").write_text(json.dumps(found))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _schedules(names):
+    out = cases.out / "-".join(names)
+    out.mkdir(parents=True, exist_ok=True)
+    cases.spawn(_rank, m.STAGES, str(out), str(cases.lesson_file), list(names),
+                what=f"{m.STAGES} gloo ranks running {', '.join(names)}")  # fmt: skip
+    tensors, found = {}, {}
+    for rank in range(m.STAGES):
+        tensors |= {f"rank{rank}/{k}": v for k, v in
+                    torch.load(out / f"rank{rank}.pt", weights_only=True).items()}  # fmt: skip
+        found[str(rank)] = json.loads((out / f"rank{rank}.json").read_text())
+    return Tensors(tensors, found)
+
+
+@cases.case
+def by_hand(lesson):
+    return _schedules(("gpipe", "1f1b"))
+
+
+@cases.case
+def with_torch(lesson):
+    return _schedules(("torch-gpipe", "torch-1f1b"))
+
+
+if __name__ == "__main__":
+    cases.run(requires=REQUIRES)
