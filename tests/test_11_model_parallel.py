@@ -27,7 +27,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from course import lessons, procs
 from course.grader.plugin import call_lesson
@@ -117,7 +116,7 @@ def _check_exact(calls, case: str, name: str, reference) -> None:
         f"{tuple(logits.shape)} (every micro-batch once)"
     )
     gap = (got_logits - logits).abs().max().item()
-    assert gap <= GRAD_ATOL, f"{name}: the last stage's outputs are {gap:.2e} from the whole model's"
+    assert gap <= GRAD_ATOL, f"{name}: the last stage's outputs are {gap:.2e} from the reference"
 
 
 @pytest.mark.core
@@ -167,9 +166,9 @@ def test_gpipe_keeps_every_micro_batch_and_1f1b_only_the_stages_after(by_hand):
 @pytest.mark.points(2)
 def test_the_bubble_is_what_theory_says(by_hand):
     """Each stage's idle fraction of the step (1 - its busy time / the step), from the
-    grader's timestamps, averaged over the stages; the median of 3 steps is within
-    0.05 below and 0.15 above (p - 1)/(m + p - 1) = 1/3, for GPipe and 1F1B. A schedule that runs one
-    micro-batch through every stage before starting the next idles 2/3 of the step."""
+    grader's timestamps, averaged over the stages; the median of 3 steps is within 0.05
+    below and 0.15 above (p - 1)/(m + p - 1) = 1/3, for GPipe and 1F1B. A schedule that
+    runs one micro-batch through every stage before the next idles 2/3 of the step."""
     want = m.theory()
     for name in ("gpipe", "1f1b"):
         steps, _, _ = _per_rank(by_hand, "by_hand", name)
@@ -215,37 +214,38 @@ def test_torch_pipelining_computes_the_same(with_torch, reference, name):
 LOSS = re.compile(r"step (\d+)/(\d+): loss ([\d.]+)")
 ALIVE = re.compile(r"stage (\d+): at most (\d+) of (\d+) micro-batches")
 BUBBLE = re.compile(r"stage (\d+): bubble ([\d.]+) of the step .* = ([\d.]+)")
-STEPS = 30
-# The script's default run (2 stages, 4 micro-batches of 8, AdamW 3e-3) went from 4.45 to
-# 0.20 at step 20 and 0.03 at 40 (PyTorch 2.14.1, 2 cores); at step 30 the test asks 1.0.
+STEPS = 20
+# The script (AdamW 3e-3, 32 sequences a step) went from 4.45 to 0.199 at step 20, with 2
+# stages and 8 micro-batches as with 3 stages and 4, to the printed 4 decimals (PyTorch
+# 2.14.1, 2 cores); the test asks for 1.0, and the same losses within 2e-4.
 LEARNED = 1.0
 RUNS = {
-    "gpipe": [],
-    "1f1b": ["--schedule", "1f1b", "--micro-batches", "8"],
-    "torch-1f1b": ["--schedule", "torch-1f1b"],
+    "1f1b": ["--nproc", "2", "--schedule", "1f1b", "--micro-batches", "8", "--stage-ms", "5"],
+    "torch-1f1b": ["--nproc", "3", "--schedule", "torch-1f1b"],
 }
 
 
 @pytest.fixture
 def runs(impl, tmp_path_factory):
-    """pipeline.py on 2 gloo ranks, 30 steps, with each schedule of RUNS, at once."""
+    """pipeline.py for 20 steps with each schedule of RUNS, at once."""
     if str(impl) not in _runs:
         jobs = {}
         for name, flags in RUNS.items():
             folder = tmp_path_factory.mktemp(name)
-            command = [sys.executable, str(LESSON.path(impl)), "--nproc", "2", "--backend",
-                       "gloo", "--steps", str(STEPS), *flags]  # fmt: skip
+            command = [sys.executable, str(LESSON.path(impl)), "--backend", "gloo",
+                       "--steps", str(STEPS), *flags]  # fmt: skip
             jobs[name] = dict(args=command, timeout=120, cwd=folder, log_dir=folder / "ranks")
         _runs[str(impl)] = procs.run_all(jobs)
     return _runs[str(impl)]
 
 
 @pytest.mark.points(2)
-def test_the_script_learns_with_every_schedule(runs):
-    """pipeline.py on 2 gloo ranks for 30 steps: GPipe (default), --schedule 1f1b
-    --micro-batches 8 and --schedule torch-1f1b print the same losses, which fall from
-    about ln 64 to below 1.0; each prints how many micro-batches' activations a stage
-    kept: all of them under GPipe, at most 2 (the stages) under 1F1B."""
+def test_the_script_learns_on_any_number_of_stages(runs):
+    """pipeline.py for 20 steps, --schedule 1f1b with 2 stages and 8 micro-batches (and
+    --stage-ms 5), and --schedule torch-1f1b with 3 stages and 4: the same model, so the
+    same losses, falling from about ln 64 to below 1.0. Each stage prints how many
+    micro-batches' activations it kept, at most the stages from it to the last; with
+    --stage-ms, each prints its bubble beside theory, (p - 1)/(m + p - 1) = 1/9."""
     outputs = {}
     for name, result in runs.items():
         if not result.ok:
@@ -256,22 +256,25 @@ def test_the_script_learns_with_every_schedule(runs):
         f"expected a line 'step {STEPS}/{STEPS}: loss L' from each run; got steps "
         f"{ {n: sorted(v) for n, v in losses.items()} }"
     )
-    for name in RUNS:
-        assert losses[name] == pytest.approx(losses["gpipe"], abs=2e-4), (
-            f"losses by step: gpipe {losses['gpipe']}, {name} {losses[name]}: the same "
-            "model on the same batches should learn the same, whatever the schedule"
-        )
-    assert losses["gpipe"][STEPS] <= LEARNED, (
-        f"the loss after {STEPS} steps is {losses['gpipe'][STEPS]}, expected at most "
+    assert losses["1f1b"] == pytest.approx(losses["torch-1f1b"], abs=2e-4), (
+        f"losses by step: {losses}: the same model on the same batches should learn the "
+        "same, whatever the schedule, the number of stages or of micro-batches"
+    )
+    assert losses["1f1b"][STEPS] <= LEARNED, (
+        f"the loss after {STEPS} steps is {losses['1f1b'][STEPS]}, expected at most "
         f"{LEARNED} (from about 4.2): the pipeline does not learn"
     )
     alive = {n: {int(r): (int(a), int(t)) for r, a, t in ALIVE.findall(o)}
              for n, o in outputs.items()}  # fmt: skip
-    assert alive["gpipe"] == {0: (4, 4), 1: (4, 4)}, (
-        f"GPipe, 4 micro-batches: (alive, micro-batches) per stage {alive['gpipe']}; "
-        "expected all 4 on both stages"
+    want = {"1f1b": {0: (2, 8), 1: (1, 8)}, "torch-1f1b": {0: (3, 4), 1: (2, 4), 2: (1, 4)}}
+    assert alive == want, (
+        f"(activations alive at most, micro-batches) by stage: {alive}; expected {want}"
     )
-    assert alive["1f1b"] == {0: (2, 8), 1: (1, 8)}, (
-        f"--schedule 1f1b --micro-batches 8: (alive, micro-batches) per stage "
-        f"{alive['1f1b']}; expected 2 of 8 on stage 0 and 1 on stage 1"
+    bubbles = {int(r): (float(b), float(t)) for r, b, t in BUBBLE.findall(outputs["1f1b"])}
+    assert sorted(bubbles) == [0, 1] and all(
+        t == pytest.approx(1 / 9, abs=1e-3) and 1 / 9 - 0.05 <= b < 1 for b, t in bubbles.values()
+    ), (
+        f"--stage-ms 5, 2 stages, 8 micro-batches: (bubble, theory) by stage {bubbles}; "
+        "expected each stage's measured bubble (not below theory, less than the whole step) "
+        "beside theory, 1/9"
     )

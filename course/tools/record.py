@@ -42,6 +42,8 @@ VOLATILE = [
     # course clock's timings, and the data-wait share derived from them
     (re.compile(r"steps [\d.]+ ms \([\d.]+ ms a step\)"), "steps N ms (N ms a step)"),
     (re.compile(r"data wait \d+%"), "data wait N%"),
+    # lesson 11: a bubble measured on a shared processor
+    (re.compile(r"bubble [\d.]+ of the step"), "bubble N of the step"),
 ]
 # Lines a record leaves out, because whether and in which form they appear
 # varies from run to run: the traceback a surviving rank prints when its peer

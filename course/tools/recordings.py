@@ -271,4 +271,28 @@ RECORDINGS = (
         ("--nproc", "2", "--backend", "gloo", "--dim", "256", "--depth", "4", "--steps", "5"),
         "lesson 10, MiniFSDP, TinyLM of width 256 and 4 blocks",
     ),
+    Recording(
+        "11_1f1b",
+        "11_model_parallel/pipeline.py",
+        ("--nproc", "2", "--backend", "gloo", "--schedule", "1f1b", "--micro-batches", "8")
+        + ("--steps", "40"),
+        "lesson 11, 1F1B on two gloo stages, 8 micro-batches",
+        ordered=False,
+    ),
+    Recording(
+        "11_bubble_4",
+        "11_model_parallel/pipeline.py",
+        ("--nproc", "3", "--backend", "gloo", "--schedule", "1f1b", "--stage-ms", "20")
+        + ("--steps", "6", "--micro-batches", "4", "--batch-size", "48"),
+        "lesson 11, the bubble of 1F1B on three stages, 4 micro-batches",
+        ordered=False,
+    ),
+    Recording(
+        "11_bubble_12",
+        "11_model_parallel/pipeline.py",
+        ("--nproc", "3", "--backend", "gloo", "--schedule", "1f1b", "--stage-ms", "20")
+        + ("--steps", "6", "--micro-batches", "12", "--batch-size", "48"),
+        "lesson 11, the bubble of 1F1B on three stages, 12 micro-batches",
+        ordered=False,
+    ),
 )

@@ -10,7 +10,6 @@ Run it:
 
 import statistics
 import sys
-import time
 from collections import deque
 
 import torch
@@ -21,6 +20,7 @@ from torch import nn
 
 from course import data, models, options, ranks
 from course.runtime import exit_with_one_line
+from course.stages import Watched, bubble
 
 VOCAB = 64
 SCHEDULES = ("gpipe", "1f1b", "torch-gpipe", "torch-1f1b")
@@ -154,54 +154,6 @@ def torch_schedule(stage: nn.Module, pipe: Pipe, name: str, micro_batches: int):
 
 
 # --8<-- [end:torch]
-
-
-class Watched(nn.Module):
-    """A stage that counts the micro-batches whose activations are alive (forward done,
-    backward not yet begun) and, with --stage-ms, waits a controlled time in forward and
-    twice as long in backward, noting when it is busy."""
-
-    def __init__(self, stage: nn.Module, seconds: float):
-        super().__init__()
-        self.stage, self.seconds = stage, seconds
-        self.alive = self.most_alive = 0
-        self.busy: list[tuple[float, float]] = []
-
-    def wait(self, seconds: float) -> None:
-        if seconds:
-            start = time.perf_counter()
-            time.sleep(seconds)
-            self.busy.append((start, time.perf_counter()))
-
-    def forward(self, x):
-        y = self.stage(x)
-        if y.is_meta or not torch.is_grad_enabled():  # torch's shape inference: not a step
-            return y
-        self.wait(self.seconds)
-        return _Alive.apply(y, self)
-
-
-class _Alive(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y, watched):
-        ctx.watched = watched
-        watched.alive += 1
-        watched.most_alive = max(watched.most_alive, watched.alive)
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.watched.alive -= 1
-        ctx.watched.wait(2 * ctx.watched.seconds)
-        return grad, None
-
-
-def bubble(watched: Watched, world: int) -> float:
-    """The step's idle fraction on this rank: 1 - busy / (first start to last end, any rank)."""
-    edges = torch.tensor([-watched.busy[0][0], watched.busy[-1][1]], dtype=torch.float64)
-    dist.all_reduce(edges, op=dist.ReduceOp.MAX)  # the earliest start, the latest end
-    busy = sum(end - start for start, end in watched.busy)
-    return 1 - busy / (edges[1] + edges[0]).item()
 
 
 def worker(rank: int, world: int, backend: str, port: int, args) -> None:

@@ -31,7 +31,8 @@ SEED = 5
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
-        self.norm, self.up, self.down = nn.LayerNorm(DIM), nn.Linear(DIM, 2 * DIM), nn.Linear(2 * DIM, DIM)
+        self.norm = nn.LayerNorm(DIM)
+        self.up, self.down = nn.Linear(DIM, 2 * DIM), nn.Linear(2 * DIM, DIM)
 
     def forward(self, x):
         return x + self.down(F.gelu(self.up(self.norm(x))))
