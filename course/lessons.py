@@ -158,13 +158,14 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson(
         number="11",
         slug="11_model_parallel",
-        title="Model parallelism: pipelines",
+        title="Model parallelism: pipelines and tensors",
         level="advanced",
         script="pipeline.py",
         launcher="spawn",
-        summary="The model cut into stages, one per rank: activations forward and gradients "
-        "back by point-to-point messages, scheduled as GPipe and 1F1B, by hand and with "
-        "torch.distributed.pipelining; the bubble measured against theory.",
+        summary="The model cut into stages, one per rank, scheduled as GPipe and 1F1B, the "
+        "bubble measured against theory; each MLP split across ranks, Megatron-style; by "
+        "hand, then with torch.distributed.pipelining and DTensor.",
+        exercises=("pipeline.py", "tensor.py"),
     ),
 )
 

@@ -196,7 +196,7 @@ def test_torch_pipelining_computes_the_same(with_torch, reference, name):
     loss, outputs and gradients as the whole model, and 1F1B's activation bound."""
     _check_exact(with_torch, "with_torch", name, reference)
     steps, _, _ = _per_rank(with_torch, "with_torch", name)
-    alive = {r: max(s["most_alive"] for s in steps[r]) for r in steps}
+    alive = {r: max(s["most_alive"] for s in steps[r]) for r in steps}  # one step
     if name == "torch-1f1b":
         assert all(alive[r] <= m.STAGES - r for r in alive), (
             f"torch-1f1b: activations alive per stage {alive}; Schedule1F1B keeps at most "
@@ -221,18 +221,23 @@ STEPS = 20
 LEARNED = 1.0
 RUNS = {
     "1f1b": ["--nproc", "2", "--schedule", "1f1b", "--micro-batches", "8", "--stage-ms", "5"],
-    "torch-1f1b": ["--nproc", "3", "--schedule", "torch-1f1b"],
+    "torch-1f1b": ["--nproc", "3", "--schedule", "torch-1f1b", "--depth", "3"],
+    "dtensor": ["--nproc", "2", "--split", "dtensor"],  # tensor.py
 }
 
 
 @pytest.fixture
 def runs(impl, tmp_path_factory):
-    """pipeline.py for 20 steps with each schedule of RUNS, at once."""
+    """pipeline.py for 20 steps with each schedule of RUNS, and tensor.py --split dtensor,
+    at once."""
     if str(impl) not in _runs:
         jobs = {}
         for name, flags in RUNS.items():
             folder = tmp_path_factory.mktemp(name)
-            command = [sys.executable, str(LESSON.path(impl)), "--backend", "gloo",
+            script = LESSON.path(impl).with_name(
+                "tensor.py" if name == "dtensor" else "pipeline.py"
+            )
+            command = [sys.executable, str(script), "--backend", "gloo",
                        "--steps", str(STEPS), *flags]  # fmt: skip
             jobs[name] = dict(args=command, timeout=120, cwd=folder, log_dir=folder / "ranks")
         _runs[str(impl)] = procs.run_all(jobs)
@@ -248,6 +253,8 @@ def test_the_script_learns_on_any_number_of_stages(runs):
     --stage-ms, each prints its bubble beside theory, (p - 1)/(m + p - 1) = 1/9."""
     outputs = {}
     for name, result in runs.items():
+        if name == "dtensor":
+            continue
         if not result.ok:
             pytest.fail(f"pipeline.py {' '.join(RUNS[name])}: {result.failure()}", pytrace=False)
         outputs[name] = "\n".join([result.output, *result.rank_logs.values()])
@@ -277,4 +284,127 @@ def test_the_script_learns_on_any_number_of_stages(runs):
         f"--stage-ms 5, 2 stages, 8 micro-batches: (bubble, theory) by stage {bubbles}; "
         "expected each stage's measured bubble (not below theory, less than the whole step) "
         "beside theory, 1/9"
+    )
+
+
+# --- part 2: tensor parallelism (tensor.py) ------------------------------------------
+#
+# The case script (tests/cases/lesson_11_tp.py) splits the course's Block (norm, up, down)
+# on two forked gloo ranks with the submission's ParallelBlock, and with its parallelize
+# (DTensor); one forward and backward on the same input on both ranks, one SGD step (lr
+# 0.1) on every parameter each rank holds, a second forward. Measured (PyTorch 2.14.1,
+# seeds 3, 6 and 11): output and input gradient at most 2.4e-7 from the whole block's,
+# the output after the step 1.9e-6 (outputs of about 7). The tolerances are about 20
+# times those. Every mistake below moves them by 1e-2 or more.
+TP_CASES = CASES.with_name("lesson_11_tp.py")
+TP_ATOL = {"output": 5e-6, "input_grad": 5e-6, "again": 4e-5}
+TP_WHAT = {
+    "output": "the block's output",
+    "input_grad": "the gradient of the block's input",
+    "again": "the output for a second input after one SGD step on every parameter",
+}
+
+
+def _tp(impl, tmp_path_factory, name: str):
+    if (str(impl), "tp", name) not in _calls:
+        folder = tmp_path_factory.mktemp(f"tp-{name}")
+        _calls[str(impl), "tp", name] = call_lesson(
+            impl, LESSON, TP_CASES, folder, only=[name], script="tensor.py"
+        )
+    calls = _calls[str(impl), "tp", name]
+    return calls(name), calls.tensors(name)
+
+
+@pytest.fixture(scope="module")
+def tp_reference():
+    return dict(zip(("output", "input_grad", "again"), m.tp_reference(), strict=True))
+
+
+def _tp_exact(found_tensors, tp_reference, what: str) -> None:
+    found, tensors = found_tensors
+    block = m.tp_block()
+    split = block.up.weight.numel() + block.up.bias.numel() + block.down.weight.numel()
+    share = sum(p.numel() for p in block.parameters()) - split + split // m.TP_WORLD
+    for rank in range(m.TP_WORLD):
+        for key, want in tp_reference.items():
+            got = tensors.get(f"rank{rank}/{key}")
+            assert got is not None and got.shape == want.shape, (
+                f"{what}, rank {rank}: {TP_WHAT[key]} has shape "
+                f"{None if got is None else tuple(got.shape)}, expected {tuple(want.shape)}"
+            )
+            gap = (got - want).abs().max().item()
+            assert gap <= TP_ATOL[key], (
+                f"{what}, rank {rank}: {TP_WHAT[key]} is {gap:.2e} from the whole block's "
+                f"(allowed {TP_ATOL[key]:g}). Likely causes: the input's gradient not summed "
+                "over the ranks in backward (f), the partial outputs not summed in forward "
+                "(g), or summed again in backward, down's bias added on every rank before "
+                "the sum, or a rank's slices of up and down that do not match"
+            )
+        held = found[str(rank)]["held"]
+        assert held <= share, (
+            f"{what}, rank {rank}: holds {held:,} parameter values; the block has "
+            f"{sum(p.numel() for p in block.parameters()):,}, and split in {m.TP_WORLD} its "
+            f"MLP weights leave {share:,} per rank: up's and down's weights are not split"
+        )
+
+
+@pytest.mark.core
+@pytest.mark.points(3)
+def test_the_split_mlp_computes_what_the_whole_block_computes(impl, tmp_path_factory, tp_reference):
+    """ParallelBlock on 2 ranks, the same input on both: the output, the input's gradient,
+    and (after one SGD step on what each rank holds) the output for a second input equal
+    the whole block's; each rank holds half of up's and down's weights."""
+    _tp_exact(_tp(impl, tmp_path_factory, "by_hand"), tp_reference, "ParallelBlock")
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_one_all_reduce_in_forward_and_one_in_backward(impl, tmp_path_factory):
+    """Counted by the grader on every call to torch.distributed: the split block's forward
+    makes one collective (g's all-reduce) and its backward one (f's), on each rank."""
+    found, _ = _tp(impl, tmp_path_factory, "by_hand")
+    for rank in range(m.TP_WORLD):
+        calls = found[str(rank)]["calls"]
+        by_phase = {p: [n for n, q in calls if q == p] for p in ("forward", "backward", "again")}
+        counts = {p: len(names) for p, names in by_phase.items()}
+        assert counts == {"forward": 1, "backward": 1, "again": 1}, (
+            f"rank {rank}: torch.distributed calls by phase {by_phase}; Megatron's split "
+            "makes one in each forward (g) and one in backward (f). Likely causes: the sum "
+            "done in backward too (g's backward is the identity), f's backward without "
+            "its all-reduce, or the weights gathered whole"
+        )
+
+
+@pytest.mark.points(2)
+def test_dtensor_split_computes_the_same(impl, tmp_path_factory, tp_reference):
+    """parallelize() on a 1-D mesh of 2 CPU ranks: the same output, input gradient and
+    output after one step, and half of up's and down's weights on each rank."""
+    _tp_exact(_tp(impl, tmp_path_factory, "dtensor"), tp_reference, "parallelize")
+
+
+HOLDS = re.compile(r"rank 0 holds ([\d,]+) parameter bytes of ([\d,]+)")
+
+
+@pytest.mark.points(1)
+def test_the_tensor_parallel_script_learns_holding_less(runs):
+    """tensor.py --split dtensor on 2 gloo ranks, 20 steps: rank 0 holds the model's
+    parameters less half of every block's MLP weights (counted here from
+    course.models), and the loss falls below 1.0."""
+    from course import models
+
+    result = runs["dtensor"]
+    if not result.ok:
+        pytest.fail(f"tensor.py {' '.join(RUNS['dtensor'])}: {result.failure()}", pytrace=False)
+    out = "\n".join([result.output, *result.rank_logs.values()])
+    holds, losses = HOLDS.search(out), {int(s): float(v) for s, _, v in LOSS.findall(out)}
+    block = models.Block(64)
+    mlp = block.up.weight.numel() + block.up.bias.numel() + block.down.weight.numel()
+    whole = 4 * (2 * 64 * 64 + 64 + 2 * 64 + 2 * sum(p.numel() for p in block.parameters()))
+    want = whole - 4 * 2 * mlp // 2
+    assert holds and [int(g.replace(",", "")) for g in holds.groups()] == [want, whole], (
+        f"expected 'rank 0 holds {want:,} parameter bytes of {whole:,}' (2 blocks of width "
+        f"64, their MLP weights split in 2); the output was:\n{out[-1500:]}"
+    )
+    assert losses.get(STEPS, 99) <= LEARNED, (
+        f"the loss after {STEPS} steps is {losses.get(STEPS)}, expected at most {LEARNED}"
     )

@@ -23,7 +23,7 @@ from torch import nn
 
 VOCAB, DIM, SEQ = 16, 16, 8
 STAGES, MICRO, ROWS = 3, 4, 2  # 3 stages, 4 micro-batches of 2 sequences
-STEPS = 3  # per schedule: the first one's gradients are graded, every one's timing
+STEPS = 3  # per schedule by hand: the first one's gradients are graded, every one's timing
 FORWARD_S = 0.02  # a stage's controlled forward; backward waits twice as long
 SEED = 5
 
@@ -78,9 +78,9 @@ class Costly(nn.Module):
     """A stage with a controlled cost, which notes what it runs: ("F" or "B", start, end)
     for each forward and backward, and the most micro-batches alive at once."""
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, seconds: float = FORWARD_S):
         super().__init__()
-        self.names = {}
+        self.names, self.seconds = {}, seconds
         parts = stage_layers(rank)
         self.body = nn.Sequential(*(layer for _, layer in parts))
         for position, (index, _) in enumerate(parts):
@@ -98,7 +98,7 @@ class Costly(nn.Module):
         y = self.body(x)
         if y.is_meta or not torch.is_grad_enabled():  # a schedule learning shapes
             return y
-        self.wait("F", FORWARD_S)
+        self.wait("F", self.seconds)
         self.outputs.append(y.detach().clone())
         return _Alive.apply(y, self)
 
@@ -122,7 +122,7 @@ class _Alive(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         ctx.stage.alive -= 1
-        ctx.stage.wait("B", 2 * FORWARD_S)
+        ctx.stage.wait("B", 2 * ctx.stage.seconds)
         return grad, None
 
 
@@ -136,3 +136,45 @@ def bubbles(events: dict[int, list]) -> list[float]:
 
 def theory(stages: int = STAGES, micro: int = MICRO) -> float:
     return (stages - 1) / (micro + stages - 1)
+
+
+# --- part 2: tensor parallelism (tensor.py) ------------------------------------------
+#
+# The grader's block is the course's own Block (course.models.Block: norm, up, down), the
+# layer the submission's ParallelMLP splits. Every rank gets the same input; the loss is
+# a fixed random weighting of the output, so that every output element has its own
+# gradient. After backward, one SGD step (TP_LR) on every parameter a rank holds, then a
+# second input: the block's output then depends on every gradient, however the
+# submission cut the weights.
+TP_WORLD, TP_DIM, TP_ROWS = 2, 16, 3
+TP_LR = 0.1
+TP_SEED = 11
+
+
+def tp_block():
+    from course import models
+
+    torch.manual_seed(TP_SEED)
+    return models.Block(TP_DIM)
+
+
+def tp_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input, the loss's weights, the input after the step)."""
+    gen = torch.Generator().manual_seed(TP_SEED + 1)
+    return tuple(torch.randn(TP_ROWS, SEQ, TP_DIM, generator=gen) for _ in range(3))
+
+
+def tp_step(block, x, weights, after):
+    """(output, input gradient, output on `after` after one SGD step) of `block`."""
+    x = x.clone().requires_grad_()
+    out = block(x)
+    (out * weights).sum().backward()
+    with torch.no_grad():
+        for p in block.parameters():
+            p -= TP_LR * p.grad
+        again = block(after)
+    return out.detach(), x.grad, again
+
+
+def tp_reference() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tp_step(tp_block(), *tp_inputs())

@@ -5,6 +5,7 @@ Format: see lesson_03.py.
 """
 
 FILE = "11_model_parallel/pipeline.py"
+TENSOR = "11_model_parallel/tensor.py"  # part 2: tensor parallelism
 
 MUTANTS = [
     dict(
@@ -13,21 +14,6 @@ MUTANTS = [
         "over micro-batches, 4 times the whole batch's",
         old="        y = F.cross_entropy(y.flatten(0, 1), targets.flatten()) / micro_batches\n",
         new="        y = F.cross_entropy(y.flatten(0, 1), targets.flatten())\n",
-        caught_by="computes_what_the_whole_model",
-    ),
-    dict(
-        name="received_activation_without_grad",
-        why="the received activation does not require a gradient: backward stops at the "
-        "stage's input, and earlier stages never learn",
-        old="    x = tokens if pipe.first else pipe.recv_forward().requires_grad_()\n",
-        new="    x = tokens if pipe.first else pipe.recv_forward()\n",
-        also=[
-            dict(
-                old="    if not pipe.first:\n        pipe.send_backward(x.grad)\n",
-                new="    if not pipe.first:\n"
-                "        pipe.send_backward(torch.zeros(pipe.shape) if x.grad is None else x.grad)\n",
-            )
-        ],
         caught_by="computes_what_the_whole_model",
     ),
     dict(
@@ -54,14 +40,6 @@ MUTANTS = [
         caught_by="1f1b_only_the_stages_after",
     ),
     dict(
-        name="same_warmup_on_every_stage",
-        why="every stage warms up with stages - 1 forwards, not only the first: later "
-        "stages keep more activations than they need",
-        old="    warmup, saved = min(pipe.world - pipe.rank - 1, m), deque()\n",
-        new="    warmup, saved = min(pipe.world - 1, m), deque()\n",
-        caught_by="1f1b_only_the_stages_after",
-    ),
-    dict(
         name="gpipe_interleaved",
         why="GPipe's backward run right after each forward: sequential micro-batches",
         old="""    saved = [forward_step(pipe, inputs[i], targets[i], len(inputs)) for i in range(len(inputs))]
@@ -80,6 +58,53 @@ MUTANTS = [
         new="    schedule = ScheduleGPipe\n",
         caught_by="torch_pipelining_computes_the_same",
     ),
+    dict(
+        file=TENSOR,
+        name="f_without_all_reduce",
+        why="f's backward passes each rank's partial input gradient on: the norm and "
+        "everything before the block learn from half the gradient",
+        old="        grad = grad.clone()  # autograd may hand the same tensor to others: do not change it\n        dist.all_reduce(grad)\n        return grad\n",
+        new="        return grad\n",
+        caught_by="whole_block_computes",
+    ),
+    dict(
+        file=TENSOR,
+        name="g_reduces_in_backward_too",
+        why="g all-reduces its gradient in backward as well: every gradient before it "
+        "counted twice",
+        old="        return total\n        ### END SOLUTION\n\n    @staticmethod\n"
+        "    def backward(ctx, grad):\n        return grad\n",
+        new="        return total\n        ### END SOLUTION\n\n    @staticmethod\n"
+        "    def backward(ctx, grad):\n        grad = grad.clone()\n"
+        "        dist.all_reduce(grad)\n        return grad\n",
+        caught_by="one_all_reduce_in_forward",
+    ),
+    dict(
+        file=TENSOR,
+        name="up_split_by_input_features",
+        why="up split along its input features, down along its output features: each rank "
+        "holds a slice that does not match the other's",
+        old="        self.up_weight = nn.Parameter(up.weight.detach().chunk(world, 0)[rank].clone())\n",
+        new="        self.up_weight = nn.Parameter(up.weight.detach().chunk(world, 1)[rank].clone())\n",
+        caught_by="whole_block_computes",
+    ),
+    dict(
+        file=TENSOR,
+        name="bias_before_the_sum",
+        why="down's bias added on every rank before g: the sum counts it world times",
+        old="        return SumOverRanks.apply(F.linear(h, self.down_weight)) + self.down_bias\n",
+        new="        return SumOverRanks.apply(F.linear(h, self.down_weight, self.down_bias))\n",
+        caught_by="whole_block_computes",
+    ),
+    dict(
+        file=TENSOR,
+        name="dtensor_both_columnwise",
+        why="both layers split column-wise: down's input is expected whole, so DTensor "
+        "gathers up's output and down's output stays split",
+        old='    return parallelize_module(block, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})\n',
+        new='    return parallelize_module(block, mesh, {"up": ColwiseParallel(), "down": ColwiseParallel()})\n',
+        caught_by="dtensor_split",
+    ),
 ]
 
 ALTERNATIVES = [
@@ -88,7 +113,9 @@ ALTERNATIVES = [
         why="GPipe's backwards from the last micro-batch to the first (each stage in the "
         "same order, so the messages still match); 1F1B as one loop over the step's "
         "actions, counting forwards and backwards done; the stage's input asked for with "
-        "torch.Tensor.requires_grad, and the loss averaged after the cross-entropy sum",
+        "torch.Tensor.requires_grad, and the loss averaged after the cross-entropy sum. "
+        "Tensor parallelism: each rank every world-th hidden unit, not a contiguous slice; "
+        "f's backward sums the ranks' gradients from an all-gather",
         old="""    saved = [forward_step(pipe, inputs[i], targets[i], len(inputs)) for i in range(len(inputs))]
     for x, y in saved:
         backward_step(pipe, x, y)
@@ -136,6 +163,32 @@ ALTERNATIVES = [
     if pipe.last:
         total = F.cross_entropy(y.flatten(0, 1), targets.flatten(), reduction="sum")
         y = total / (targets.numel() * micro_batches)
+""",
+            ),
+            dict(
+                file=TENSOR,
+                old="""        up, down = block.up, block.down
+        self.up_weight = nn.Parameter(up.weight.detach().chunk(world, 0)[rank].clone())
+        self.up_bias = nn.Parameter(up.bias.detach().chunk(world, 0)[rank].clone())
+        self.down_weight = nn.Parameter(down.weight.detach().chunk(world, 1)[rank].clone())
+        self.down_bias = nn.Parameter(down.bias.detach().clone())
+""",
+                new="""        mine = torch.arange(rank, block.up.out_features, world)  # every world-th unit
+        self.up_weight = nn.Parameter(block.up.weight.detach()[mine].clone())
+        self.up_bias = nn.Parameter(block.up.bias.detach()[mine].clone())
+        self.down_weight = nn.Parameter(block.down.weight.detach()[:, mine].clone())
+        self.down_bias = nn.Parameter(block.down.bias.detach().clone())
+""",
+            ),
+            dict(
+                file=TENSOR,
+                old="""        grad = grad.clone()  # autograd may hand the same tensor to others: do not change it
+        dist.all_reduce(grad)
+        return grad
+""",
+                new="""        parts = [torch.empty_like(grad) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, grad.contiguous())
+        return torch.stack(parts).sum(0)
 """,
             ),
         ],
