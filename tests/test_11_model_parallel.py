@@ -215,21 +215,23 @@ LOSS = re.compile(r"step (\d+)/(\d+): loss ([\d.]+)")
 ALIVE = re.compile(r"stage (\d+): at most (\d+) of (\d+) micro-batches")
 BUBBLE = re.compile(r"stage (\d+): bubble ([\d.]+) of the step .* = ([\d.]+)")
 STEPS = 20
-# The script (AdamW 3e-3, 32 sequences a step) went from 4.45 to 0.199 at step 20, with 2
-# stages and 8 micro-batches as with 3 stages and 4, to the printed 4 decimals (PyTorch
-# 2.14.1, 2 cores); the test asks for 1.0, and the same losses within 2e-4.
+# Both scripts' printed losses (4 decimals) equal the grader's own training of the same
+# model in one process (PyTorch 2.14.1 and 2.8; the largest difference seen: 0, rounded);
+# the test allows 2e-4. That run goes from 4.45 to 0.199 at step 20 (pipeline.py, 4
+# blocks) and from 4.37 to 0.256 (tensor.py, 2 blocks); the test also asks for below 1.0.
 LEARNED = 1.0
 RUNS = {
-    "1f1b": ["--nproc", "2", "--schedule", "1f1b", "--micro-batches", "8", "--stage-ms", "5"],
-    "torch-1f1b": ["--nproc", "3", "--schedule", "torch-1f1b", "--depth", "3"],
+    "torch-1f1b": ["--nproc", "2", "--schedule", "torch-1f1b", "--micro-batches", "8"]
+    + ["--stage-ms", "5"],
     "dtensor": ["--nproc", "2", "--split", "dtensor"],  # tensor.py
 }
+DEPTH = {"torch-1f1b": 4, "dtensor": 2}  # the scripts' default --depth
 
 
 @pytest.fixture
 def runs(impl, tmp_path_factory):
-    """pipeline.py for 20 steps with each schedule of RUNS, and tensor.py --split dtensor,
-    at once."""
+    """pipeline.py --schedule torch-1f1b and tensor.py --split dtensor, on 2 ranks, 20
+    steps each, at once."""
     if str(impl) not in _runs:
         jobs = {}
         for name, flags in RUNS.items():
@@ -244,40 +246,48 @@ def runs(impl, tmp_path_factory):
     return _runs[str(impl)]
 
 
+@pytest.fixture(scope="module")
+def script_reference():
+    """The scripts' training, whole, in this process: {run: {step: loss}}."""
+    return {name: m.script_losses(DEPTH[name], STEPS) for name in RUNS}
+
+
+def _output(runs, name: str) -> str:
+    result = runs[name]
+    if not result.ok:
+        script = "tensor.py" if name == "dtensor" else "pipeline.py"
+        pytest.fail(f"{script} {' '.join(RUNS[name])}: {result.failure()}", pytrace=False)
+    return "\n".join([result.output, *result.rank_logs.values()])
+
+
+def _learns(out: str, want: dict, what: str) -> None:
+    losses = {int(s): float(v) for s, _, v in LOSS.findall(out)}
+    assert losses and STEPS in losses, (
+        f"{what}: expected lines 'step S/{STEPS}: loss L', up to step {STEPS}; the output "
+        f"was:\n{out[-1500:]}"
+    )
+    wrong = {s: (v, round(want[s], 4)) for s, v in losses.items() if abs(v - want[s]) > 2e-4}
+    assert not wrong, (
+        f"{what}: (printed loss, the same model trained whole in one process) by step: "
+        f"{wrong}. The split must not change what the model learns"
+    )
+    assert losses[STEPS] <= LEARNED, f"{what}: the loss after {STEPS} steps is {losses[STEPS]}"
+
+
 @pytest.mark.points(2)
-def test_the_script_learns_on_any_number_of_stages(runs):
-    """pipeline.py for 20 steps, --schedule 1f1b with 2 stages and 8 micro-batches (and
-    --stage-ms 5), and --schedule torch-1f1b with 3 stages and 4: the same model, so the
-    same losses, falling from about ln 64 to below 1.0. Each stage prints how many
-    micro-batches' activations it kept, at most the stages from it to the last; with
-    --stage-ms, each prints its bubble beside theory, (p - 1)/(m + p - 1) = 1/9."""
-    outputs = {}
-    for name, result in runs.items():
-        if name == "dtensor":
-            continue
-        if not result.ok:
-            pytest.fail(f"pipeline.py {' '.join(RUNS[name])}: {result.failure()}", pytrace=False)
-        outputs[name] = "\n".join([result.output, *result.rank_logs.values()])
-    losses = {n: {int(s): float(v) for s, _, v in LOSS.findall(o)} for n, o in outputs.items()}
-    assert all(STEPS in v for v in losses.values()), (
-        f"expected a line 'step {STEPS}/{STEPS}: loss L' from each run; got steps "
-        f"{ {n: sorted(v) for n, v in losses.items()} }"
-    )
-    assert losses["1f1b"] == pytest.approx(losses["torch-1f1b"], abs=2e-4), (
-        f"losses by step: {losses}: the same model on the same batches should learn the "
-        "same, whatever the schedule, the number of stages or of micro-batches"
-    )
-    assert losses["1f1b"][STEPS] <= LEARNED, (
-        f"the loss after {STEPS} steps is {losses['1f1b'][STEPS]}, expected at most "
-        f"{LEARNED} (from about 4.2): the pipeline does not learn"
-    )
-    alive = {n: {int(r): (int(a), int(t)) for r, a, t in ALIVE.findall(o)}
-             for n, o in outputs.items()}  # fmt: skip
-    want = {"1f1b": {0: (2, 8), 1: (1, 8)}, "torch-1f1b": {0: (3, 4), 1: (2, 4), 2: (1, 4)}}
+def test_the_pipeline_script_learns_what_one_process_learns(runs, script_reference):
+    """pipeline.py --schedule torch-1f1b on 2 stages, 8 micro-batches, --stage-ms 5, 20
+    steps: the losses of the same model trained whole in one process (the grader's), down
+    to below 1.0; each stage prints the most micro-batches' activations it kept (2 and 1
+    of 8) and its bubble beside theory, (p - 1)/(m + p - 1) = 1/9, not below it."""
+    out = _output(runs, "torch-1f1b")
+    _learns(out, script_reference["torch-1f1b"], "pipeline.py " + " ".join(RUNS["torch-1f1b"]))
+    alive = {int(r): (int(a), int(t)) for r, a, t in ALIVE.findall(out)}
+    want = {0: (2, 8), 1: (1, 8)}
     assert alive == want, (
         f"(activations alive at most, micro-batches) by stage: {alive}; expected {want}"
     )
-    bubbles = {int(r): (float(b), float(t)) for r, b, t in BUBBLE.findall(outputs["1f1b"])}
+    bubbles = {int(r): (float(b), float(t)) for r, b, t in BUBBLE.findall(out)}
     assert sorted(bubbles) == [0, 1] and all(
         t == pytest.approx(1 / 9, abs=1e-3) and 1 / 9 - 0.05 <= b < 1 for b, t in bubbles.values()
     ), (
@@ -386,17 +396,15 @@ HOLDS = re.compile(r"rank 0 holds ([\d,]+) parameter bytes of ([\d,]+)")
 
 
 @pytest.mark.points(1)
-def test_the_tensor_parallel_script_learns_holding_less(runs):
-    """tensor.py --split dtensor on 2 gloo ranks, 20 steps: rank 0 holds the model's
-    parameters less half of every block's MLP weights (counted here from
-    course.models), and the loss falls below 1.0."""
+def test_the_tensor_parallel_script_learns_holding_less(runs, script_reference):
+    """tensor.py --split dtensor on 2 gloo ranks, 20 steps: the losses of the same model
+    trained whole in one process, and rank 0 holding the model's parameters less half of
+    every block's MLP weights (counted here from course.models)."""
     from course import models
 
-    result = runs["dtensor"]
-    if not result.ok:
-        pytest.fail(f"tensor.py {' '.join(RUNS['dtensor'])}: {result.failure()}", pytrace=False)
-    out = "\n".join([result.output, *result.rank_logs.values()])
-    holds, losses = HOLDS.search(out), {int(s): float(v) for s, _, v in LOSS.findall(out)}
+    out = _output(runs, "dtensor")
+    _learns(out, script_reference["dtensor"], "tensor.py " + " ".join(RUNS["dtensor"]))
+    holds = HOLDS.search(out)
     block = models.Block(64)
     mlp = block.up.weight.numel() + block.up.bias.numel() + block.down.weight.numel()
     whole = 4 * (2 * 64 * 64 + 64 + 2 * 64 + 2 * sum(p.numel() for p in block.parameters()))
@@ -404,7 +412,4 @@ def test_the_tensor_parallel_script_learns_holding_less(runs):
     assert holds and [int(g.replace(",", "")) for g in holds.groups()] == [want, whole], (
         f"expected 'rank 0 holds {want:,} parameter bytes of {whole:,}' (2 blocks of width "
         f"64, their MLP weights split in 2); the output was:\n{out[-1500:]}"
-    )
-    assert losses.get(STEPS, 99) <= LEARNED, (
-        f"the loss after {STEPS} steps is {losses.get(STEPS)}, expected at most {LEARNED}"
     )

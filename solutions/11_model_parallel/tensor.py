@@ -145,8 +145,11 @@ def parallelize(block: models.Block, mesh) -> models.Block:
 
 def build(rank: int, world: int, device, args, split: str) -> nn.Sequential:
     """The model, the same weights on every rank (one seed), its blocks split by `split`."""
-    torch.manual_seed(0)
-    blocks = [models.Block(args.dim) for _ in range(args.depth)]
+    torch.manual_seed(0)  # built in pipeline.py's order: the same weights as there
+    embed, blocks = (
+        nn.Embedding(VOCAB, args.dim),
+        [models.Block(args.dim) for _ in range(args.depth)],
+    )
     if split == "hand":
         blocks = [ParallelBlock(b, rank, world) for b in blocks]
     elif split == "dtensor":
@@ -155,7 +158,7 @@ def build(rank: int, world: int, device, args, split: str) -> nn.Sequential:
         mesh = init_device_mesh(device.type, (world,))
         blocks = [parallelize(b.to(device), mesh) for b in blocks]
     head = [nn.LayerNorm(args.dim), nn.Linear(args.dim, VOCAB)]
-    return nn.Sequential(nn.Embedding(VOCAB, args.dim), *blocks, *head).to(device)
+    return nn.Sequential(embed, *blocks, *head).to(device)
 
 
 def local_bytes(model: nn.Module) -> int:

@@ -6,9 +6,10 @@ rank builds its stage of the grader's model (tests/cases/lesson_11_models.py), a
 stage that waits a controlled time in forward and backward and notes when, wraps it in
 the submission's Pipe, and runs STEPS steps of the submission's gpipe and one_f_one_b;
 then one step (after one to learn the shapes) of PyTorch's ScheduleGPipe and
-Schedule1F1B as the submission's torch_schedule builds them, with a token cost. Every step runs the same whole batch. Each rank writes its
-first step's gradients and outputs, and every step's timings, loss and activation count;
-the test compares them with the whole model run in one process.
+Schedule1F1B as the submission's torch_schedule builds them, with a token cost. Every
+step runs the same whole batch. Each rank writes its first step's gradients and
+outputs, and every step's timings, loss and activation count; the test compares them
+with the whole model run in one process.
 """
 
 from __future__ import annotations

@@ -178,3 +178,24 @@ def tp_step(block, x, weights, after):
 
 def tp_reference() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return tp_step(tp_block(), *tp_inputs())
+
+
+def script_losses(depth: int, steps: int, dim: int = 64, vocab: int = 64) -> dict[int, float]:
+    """The lesson scripts' training, whole, in one process: the course's blocks built in
+    pipeline.py's order from seed 0 (an embedding, `depth` Blocks, a norm, a head), AdamW
+    3e-3, each step's 32 sequences of course.data.lookup_tokens. The loss of every step."""
+    from course import data, models
+
+    torch.manual_seed(0)
+    layers = [nn.Embedding(vocab, dim), *(models.Block(dim) for _ in range(depth))]
+    model = nn.Sequential(*layers, nn.LayerNorm(dim), nn.Linear(dim, vocab))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = {}
+    for step in range(1, steps + 1):
+        tokens, targets = data.lookup_tokens(step, 0, 32, vocab)
+        loss = F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses[step] = loss.item()
+    return losses
