@@ -295,4 +295,10 @@ RECORDINGS = (
         "lesson 11, the bubble of 1F1B on three stages, 12 micro-batches",
         ordered=False,
     ),
+    Recording(
+        "11_tensor",
+        "11_model_parallel/tensor.py",
+        ("--nproc", "2", "--backend", "gloo", "--steps", "40"),
+        "lesson 11, every block's MLP split across two gloo ranks by hand",
+    ),
 )
