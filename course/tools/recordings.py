@@ -278,7 +278,7 @@ RECORDINGS = (
         "11_1f1b",
         "11_model_parallel/pipeline.py",
         ("--nproc", "2", "--backend", "gloo", "--schedule", "1f1b", "--micro-batches", "8")
-        + ("--steps", "40"),
+        + ("--steps", "20"),
         "lesson 11, 1F1B on two gloo stages, 8 micro-batches",
         ordered=False,
     ),
@@ -286,7 +286,7 @@ RECORDINGS = (
         "11_bubble_4",
         "11_model_parallel/pipeline.py",
         ("--nproc", "3", "--backend", "gloo", "--schedule", "1f1b", "--stage-ms", "20")
-        + ("--steps", "6", "--micro-batches", "4", "--batch-size", "48"),
+        + ("--steps", "4", "--micro-batches", "4", "--batch-size", "48"),
         "lesson 11, the bubble of 1F1B on three stages, 4 micro-batches",
         ordered=False,
     ),
@@ -294,14 +294,14 @@ RECORDINGS = (
         "11_bubble_12",
         "11_model_parallel/pipeline.py",
         ("--nproc", "3", "--backend", "gloo", "--schedule", "1f1b", "--stage-ms", "20")
-        + ("--steps", "6", "--micro-batches", "12", "--batch-size", "48"),
+        + ("--steps", "4", "--micro-batches", "12", "--batch-size", "48"),
         "lesson 11, the bubble of 1F1B on three stages, 12 micro-batches",
         ordered=False,
     ),
     Recording(
         "11_tensor",
         "11_model_parallel/tensor.py",
-        ("--nproc", "2", "--backend", "gloo", "--steps", "40"),
+        ("--nproc", "2", "--backend", "gloo", "--steps", "20"),
         "lesson 11, every block's MLP split across two gloo ranks by hand",
     ),
 )
