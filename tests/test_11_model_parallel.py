@@ -223,15 +223,15 @@ LEARNED = 1.0
 RUNS = {
     "torch-1f1b": ["--nproc", "2", "--schedule", "torch-1f1b", "--micro-batches", "8"]
     + ["--stage-ms", "5"],
-    "dtensor": ["--nproc", "2", "--split", "dtensor"],  # tensor.py
+    "dtensor": ["--nproc", "4", "--split", "dtensor", "--data-parallel", "2"],  # tensor.py
 }
 DEPTH = {"torch-1f1b": 4, "dtensor": 2}  # the scripts' default --depth
 
 
 @pytest.fixture
 def runs(impl, tmp_path_factory):
-    """pipeline.py --schedule torch-1f1b and tensor.py --split dtensor, on 2 ranks, 20
-    steps each, at once."""
+    """pipeline.py --schedule torch-1f1b on 2 ranks and tensor.py --split dtensor on a
+    2 x 2 mesh, 20 steps each, at once."""
     if str(impl) not in _runs:
         jobs = {}
         for name, flags in RUNS.items():
@@ -397,9 +397,10 @@ HOLDS = re.compile(r"rank 0 holds ([\d,]+) parameter bytes of ([\d,]+)")
 
 @pytest.mark.points(1)
 def test_the_tensor_parallel_script_learns_holding_less(runs, script_reference):
-    """tensor.py --split dtensor on 2 gloo ranks, 20 steps: the losses of the same model
-    trained whole in one process, and rank 0 holding the model's parameters less half of
-    every block's MLP weights (counted here from course.models)."""
+    """tensor.py --split dtensor --data-parallel 2 on 4 gloo ranks (a 2 x 2 mesh: two
+    replicas, each MLP split in two), 20 steps: the losses of the same model trained
+    whole in one process on the whole batch, and rank 0 holding the model's parameters
+    less half of every block's MLP weights (counted here from course.models)."""
     from course import models
 
     out = _output(runs, "dtensor")

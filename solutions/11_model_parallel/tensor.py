@@ -4,6 +4,7 @@ Run it:
     python lessons/11_model_parallel/tensor.py --nproc 2 --backend gloo     # by hand
     python lessons/11_model_parallel/tensor.py --split dtensor              # PyTorch's DTensor
     python lessons/11_model_parallel/tensor.py --split none                 # every rank whole
+    python lessons/11_model_parallel/tensor.py --nproc 4 --split dtensor --data-parallel 2
     python -m course grade 11                                               # grade your version
 """
 
@@ -26,6 +27,8 @@ def parse_args(argv=None):
     p.add_argument("--nproc", type=options.positive_int, help="ranks (default: GPUs, or 2)")
     p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl if CUDA works")
     p.add_argument("--split", choices=("hand", "dtensor", "none"), default="hand")
+    p.add_argument("--data-parallel", type=options.positive_int, default=1,
+                   help="a 2-D mesh's rows (--split dtensor), each a replica")  # fmt: skip
     p.add_argument("--dim", type=options.positive_int, default=64, help="model width")
     p.add_argument("--depth", type=options.positive_int, default=2, help="blocks")
     p.add_argument("--steps", type=options.positive_int, default=60)
@@ -143,22 +146,28 @@ def parallelize(block: models.Block, mesh) -> models.Block:
 # --8<-- [end:dtensor]
 
 
-def build(rank: int, world: int, device, args, split: str) -> nn.Sequential:
-    """The model, the same weights on every rank (one seed), its blocks split by `split`."""
+def build(rank: int, world: int, device, args, split: str):
+    """The model, the same weights on every rank (one seed), its blocks split by `split`;
+    and, with --split dtensor, the group of this rank's data-parallel replicas."""
     torch.manual_seed(0)  # built in pipeline.py's order: the same weights as there
     embed, blocks = (
         nn.Embedding(VOCAB, args.dim),
         [models.Block(args.dim) for _ in range(args.depth)],
     )
+    group = None
     if split == "hand":
         blocks = [ParallelBlock(b, rank, world) for b in blocks]
     elif split == "dtensor":
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(device.type, (world,))
-        blocks = [parallelize(b.to(device), mesh) for b in blocks]
+        # Rows replicate the model (data parallel); a row's ranks split each MLP (tensor
+        # parallel): the all-reduces of every layer stay inside a row, NVLink's on GPUs.
+        shape, names = (args.data_parallel, world // args.data_parallel), ("dp", "tp")
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
+        blocks = [parallelize(b.to(device), mesh["tp"]) for b in blocks]
+        group = mesh["dp"].get_group()
     head = [nn.LayerNorm(args.dim), nn.Linear(args.dim, VOCAB)]
-    return nn.Sequential(embed, *blocks, *head).to(device)
+    return nn.Sequential(embed, *blocks, *head).to(device), group
 
 
 def local_bytes(model: nn.Module) -> int:
@@ -170,22 +179,30 @@ def worker(rank: int, world: int, backend: str, port: int, args) -> None:
     torch.set_num_threads(ranks.cpu_share(world))
     device = ranks.join_local(rank, world, backend, port)
     try:
-        model = build(rank, world, device, args, args.split)
-        whole = local_bytes(build(0, 1, torch.device("cpu"), args, "none"))
+        model, replicas = build(rank, world, device, args, args.split)
+        whole = local_bytes(build(0, 1, torch.device("cpu"), args, "none")[0])
+        rows, row = args.data_parallel, rank // (world // args.data_parallel)
         if rank == 0:
             mine = local_bytes(model)
             print(f"{world} ranks, --split {args.split}: rank 0 holds {mine:,} parameter "
                   f"bytes of {whole:,} ({mine / whole:.0%})", flush=True)  # fmt: skip
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         for step in range(1, args.steps + 1):
-            # Every rank the same batch: the ranks split the layers, not the data.
+            # A row's ranks the same batch (they split the layers, not the data); each row
+            # its share of it.
             tokens, targets = (t.to(device) for t in data.lookup_tokens(step, 0, 32, VOCAB))
+            tokens, targets = tokens.chunk(rows)[row], targets.chunk(rows)[row]
             loss = F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
             loss.backward()
+            for p in model.parameters() if rows > 1 else ():  # the rows' average, as DDP
+                grad = getattr(p.grad, "_local_tensor", p.grad)  # a DTensor's own shard
+                dist.all_reduce(grad, group=replicas)
+                grad /= rows
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            mean, _ = ranks.mean_over_ranks(loss.item(), len(tokens))  # the whole batch's
             if rank == 0 and (step % 20 == 0 or step in (1, args.steps)):
-                print(f"step {step}/{args.steps}: loss {loss.item():.4f}", flush=True)
+                print(f"step {step}/{args.steps}: loss {mean:.4f}", flush=True)
         dist.barrier()  # leave together
     finally:
         dist.destroy_process_group()
@@ -194,7 +211,10 @@ def worker(rank: int, world: int, backend: str, port: int, args) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     backend, world = ranks.backend_and_world_size(args.backend, args.nproc)
-    if 4 * args.dim % world:
+    if world % args.data_parallel or (args.data_parallel > 1 and args.split != "dtensor"):
+        raise SystemExit(f"tensor.py: error: --data-parallel {args.data_parallel} needs "
+                         f"--split dtensor and divides the {world} ranks")  # fmt: skip
+    if 4 * args.dim % (world // args.data_parallel):
         raise SystemExit(f"tensor.py: error: {4 * args.dim} hidden units do not split in {world}")
     mp.spawn(worker, args=(world, backend, ranks.free_port(), args), nprocs=world)
 
