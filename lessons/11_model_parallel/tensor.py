@@ -151,7 +151,12 @@ def worker(rank: int, world: int, backend: str, port: int, args) -> None:
             mine = local_bytes(model)
             print(f"{world} ranks, --split {args.split}: rank 0 holds {mine:,} parameter "
                   f"bytes of {whole:,} ({mine / whole:.0%})", flush=True)  # fmt: skip
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        # DTensors and plain tensors in groups of their own: on CUDA, AdamW updates a group
+        # in one foreach call, which cannot mix the two.
+        kinds: dict[bool, list] = {}
+        for p in model.parameters():
+            kinds.setdefault(hasattr(p, "_local_tensor"), []).append(p)
+        optimizer = torch.optim.AdamW([{"params": ps} for ps in kinds.values()], lr=3e-3)
         for step in range(1, args.steps + 1):
             # A row's ranks the same batch (they split the layers, not the data); each row
             # its share of it.
