@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -78,6 +79,9 @@ def test_list_shows_every_lesson(capsys):
     out = capsys.readouterr().out
     for lesson in lessons.LESSONS:
         assert lesson.number in out and lesson.title in out
+        # a column each: the longest title still ends before the level starts
+        row = re.escape(lesson.number) + r"\s+" + re.escape(lesson.title) + r"\s{2,}"
+        assert re.search(row + re.escape(lesson.level), out), f"no row {row!r} in:\n{out}"
 
 
 def test_release_check_passes_on_the_committed_starters(capsys):

@@ -154,10 +154,12 @@ def _grade(args) -> int:
 
 
 def _list(_args) -> int:
-    print(f"{'lesson':<8}{'title':<30}{'level':<14}{'launch':<10}folder")
+    wide = max(len(lesson.title) for lesson in lessons.LESSONS) + 2  # the longest title fits
+    print(f"{'lesson':<8}{'title':<{wide}}{'level':<14}{'launch':<10}folder")
     for lesson in lessons.LESSONS:
         print(
-            f"{lesson.number:<8}{lesson.title:<30}{lesson.level:<14}{lesson.launcher:<10}{lesson.slug}"
+            f"{lesson.number:<8}{lesson.title:<{wide}}{lesson.level:<14}{lesson.launcher:<10}"
+            f"{lesson.slug}"
         )
     return 0
 
