@@ -415,6 +415,12 @@ def test_rendezvous_missing_interface_fails_fast(rendezvous, backend):
 # two cores (the fractions: 0.26-0.33 against 0.73-0.76 idle, 0.31-0.36 against 0.61-0.65
 # loaded). The test allows 0.5; one worker instead of 4 is about 0.7. No absolute time is
 # asserted: a ratio of two runs within one test.
+# The wait per step is the median over the windows (step_clock.typical_wait), not the mean:
+# DataLoader's default workers are not persistent, and at the second epoch's start the loop
+# waits once for four new processes. Measured as a mean, that one wait put an honest
+# default-workers loader at 0.54 in a loaded CI run. Beside two busy loops (2026-12-03):
+# that loader's windows waited 6-14 ms, one 166 ms (the epoch's restart), mean ratio 0.17,
+# median 0.08; the reference 0.12 and 0.09; one worker (a mutant) 0.70 and 0.71.
 STARVED_WORKERS, STARVED_RATIO, STARVED_LOSS = 4, 0.5, 0.5
 _starved: dict = {}
 
@@ -439,7 +445,7 @@ def starved(impl, tmp_path_factory):
         for workers, result in results.items():
             clock = folders[workers] / "clock"
             share = step_clock.data_wait(clock)
-            per_step = step_clock.data_wait(clock, per_step=True)
+            per_step = step_clock.typical_wait(clock)
             found[workers] = (result, None if share is None else (share, per_step))
         return found
 
@@ -453,14 +459,15 @@ def losses(result) -> list[float]:
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_starved_workers_cut_the_data_wait(starved):
-    """With --workers 4 the loop waits for each batch at most half as long as with
-    --workers 0 (the data wait, measured by the course's step clock)."""
+    """With --workers 4 the loop waits for a typical batch at most half as long as with
+    --workers 0 (the data wait, measured by the course's step clock; the median window)."""
     for workers, (result, _) in starved.items():
         assert result.ok, f"--workers {workers}: {result.failure()}"
     (_, none), (_, some) = starved[0], starved[STARVED_WORKERS]
     assert none is not None and some is not None, "the step clock saw no optimizer steps"
     assert some[1] <= STARVED_RATIO * none[1], (
-        f"the loop waited {none[1] * 1000:.1f} ms a step for data with --workers 0 "
+        f"the loop waited {none[1] * 1000:.1f} ms a step (median window) for data with "
+        "--workers 0 "
         f"({none[0]:.0%} of the time) and {some[1] * 1000:.1f} ms with --workers "
         f"{STARVED_WORKERS} ({some[0]:.0%}); "
         f"expected at most {STARVED_RATIO:g} times the first. Likely cause: make_loader reads "

@@ -55,3 +55,19 @@ def test_clock_of_a_missing_script_is_one_line(tmp_path):
     )
     assert result.returncode == 2, result.describe()
     assert result.output.strip().count("\n") == 0 and "nope.py: not found" in result.output
+
+
+def test_typical_wait_is_the_median_window_and_data_wait_the_mean(tmp_path):
+    """Windows of 5 steps, each waiting 10 ms a step, but one (a loader's workers starting
+    again at an epoch) waiting 500 ms once: the mean per step moves, the median does not.
+    Both read from the end of the second window on (the first: start-up)."""
+    from course.probes import step_clock
+
+    waits = [1.0, 0.05, 0.05, 0.55, 0.05, 0.05, 0.05]  # seconds a window
+    lines = [f"{5 * (i + 1)} {float(i)} {wait}" for i, wait in enumerate(waits)]
+    (tmp_path / "rank0.1.txt").write_text("\n".join(lines) + "\n")
+    typical = step_clock.typical_wait(tmp_path)
+    mean = step_clock.data_wait(tmp_path, per_step=True)
+    assert typical is not None and abs(typical - 0.01) < 1e-9, typical
+    assert mean is not None and abs(mean - 0.75 / 25) < 1e-9, mean
+    assert step_clock.typical_wait(tmp_path, rank=1) is None, "rank 1 wrote nothing"

@@ -17,8 +17,10 @@ output where it was, so the launcher's own messages stay in the main log.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import traceback
 
 LOG_DIR_ENV = "COURSE_RANK_LOG_DIR"
 
@@ -39,6 +41,21 @@ def redirect_output_for_rank(rank: int) -> None:
     os.close(fd)
 
 
+def _traced(fn, *args, **kwargs):
+    """Run an mp.spawn worker; if it raises, write its error, one line, to this rank's log.
+    mp.spawn sends a failed worker's traceback to the parent, which prints only the first
+    failure it sees: when a collective times out on rank 0, rank 1 fails a moment later
+    ("Connection closed by peer"), and the parent may show rank 1's error alone. Seen in a
+    CI run (2026-12-03): the timeout, the one line that says "hang", was in no output.
+    One line, not the traceback: the log's last lines also show where the rank was."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        line = traceback.format_exception_only(exc)[-1].strip()
+        print(f"rank error: {line}", file=sys.stderr, flush=True)
+        raise
+
+
 def install() -> None:
     rank = os.environ.get("RANK", "")
     if rank.isdigit():
@@ -54,6 +71,6 @@ def install() -> None:
 
         def _wrap(fn, i, *args, **kwargs):
             redirect_output_for_rank(i)
-            return original(fn, i, *args, **kwargs)
+            return original(functools.partial(_traced, fn), i, *args, **kwargs)
 
         spawn._wrap = _wrap

@@ -96,13 +96,31 @@ def data_wait(
     """The share of `rank`'s time, from the end of its window `skip` on, that it spent
     between a step's end and the next forward (COURSE_STEP_WAIT=1's column), or with
     per_step those seconds per step; None without such windows."""
-    rows = []
-    for path in sorted(Path(folder).glob(f"rank{rank}.*.txt")):
-        rows += [line.split() for line in path.read_text().splitlines()]
-    rows = [(int(r[0]), float(r[1]), float(r[2])) for r in rows if len(r) == 3][skip:]
+    rows = _wait_rows(folder, rank)[skip:]
     if len(rows) < 2 or rows[-1][1] <= rows[0][1]:
         return None
     waited = sum(wait for _, _, wait in rows[1:])
     if per_step:
         return waited / (rows[-1][0] - rows[0][0])
     return waited / (rows[-1][1] - rows[0][1])
+
+
+def typical_wait(folder: str | Path, rank: int = 0, skip: int = 1) -> float | None:
+    """The median, over `rank`'s windows from the end of window `skip` on, of the data
+    wait per step: what the loop waits for a typical batch. Unlike data_wait's mean, one
+    long wait does not move it: DataLoader's default workers (not persistent) start again
+    at each epoch, and the first batches of that epoch wait for them once."""
+    rows = _wait_rows(folder, rank)[skip:]
+    pairs = zip(rows[:-1], rows[1:], strict=True)
+    per_step = sorted(wait / (step - before) for (before, _, _), (step, _, wait) in pairs)
+    if not per_step:
+        return None
+    middle = len(per_step) // 2
+    return per_step[middle] if len(per_step) % 2 else sum(per_step[middle - 1 : middle + 1]) / 2
+
+
+def _wait_rows(folder: str | Path, rank: int) -> list[tuple[int, float, float]]:
+    rows = []
+    for path in sorted(Path(folder).glob(f"rank{rank}.*.txt")):
+        rows += [line.split() for line in path.read_text().splitlines()]
+    return [(int(r[0]), float(r[1]), float(r[2])) for r in rows if len(r) == 3]
