@@ -1,4 +1,4 @@
-"""Build the course site once per test process and share it between test modules.
+"""Build the course site once per test run and share it between test modules.
 
 `mkdocs build --strict` takes several seconds; the site tests and the browser
 tests both need its output, so the first caller builds and the rest reuse it.
@@ -7,7 +7,9 @@ tests both need its output, so the first caller builds and the rest reuse it.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -32,14 +34,40 @@ _cache: dict[str, BuiltSite] = {}
 _reported: set[str] = set()
 
 
-def build_site(solutions: bool = True) -> BuiltSite:
+def shared_folder(tmp_path_factory) -> Path | None:
+    """Under pytest-xdist, the folder all workers of this run share (their base temporary
+    folders' parent, which pytest cleans up); None in a single process."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
+    return tmp_path_factory.getbasetemp().parent
+
+
+def build_site(solutions: bool = True, shared: Path | None = None) -> BuiltSite:
     """The site as published (`solutions`), or the instructor build without the reference
-    solutions (COURSE_SITE_SOLUTIONS=0), built once per process each."""
+    solutions (COURSE_SITE_SOLUTIONS=0), built once per process each; with `shared` (see
+    shared_folder), once per test run: the first worker builds under a lock, the others
+    wait for it and reuse its output (a build is about 20 s of CPU on 2 cores)."""
     key = "site" if solutions else "instructor"
     if key in _cache:
         return _cache[key]
+    if shared is not None:
+        with open(shared / f"course-{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            done = shared / f"course-{key}" / "built.json"
+            if not done.exists():
+                done.parent.mkdir(exist_ok=True)
+                built = _build(solutions, done.parent / "site")
+                done.write_text(json.dumps({"seconds": built.seconds, "log": built.log}))
+            facts = json.loads(done.read_text())
+        _cache[key] = BuiltSite(done.parent / "site", facts["seconds"], facts["log"])
+        return _cache[key]
     out = Path(tempfile.mkdtemp(prefix=f"course-{key}-"))
     atexit.register(shutil.rmtree, out, ignore_errors=True)
+    _cache[key] = _build(solutions, out)
+    return _cache[key]
+
+
+def _build(solutions: bool, out: Path) -> BuiltSite:
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
@@ -57,8 +85,7 @@ def build_site(solutions: bool = True) -> BuiltSite:
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
         raise AssertionError(f"mkdocs build --strict failed (exit {proc.returncode}):\n{log}")
-    _cache[key] = BuiltSite(out, seconds, log)
-    return _cache[key]
+    return BuiltSite(out, seconds, log)
 
 
 def load_hook():

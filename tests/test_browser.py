@@ -4,8 +4,7 @@ Headless Chromium (Debian's package, driven by playwright without downloading
 a browser) loads the site from a loopback HTTP server. Every request to any
 other host is aborted and recorded, and each test asserts that none was made,
 so passing proves that tabs, diagrams and search need no network.
-Screenshots go to $COURSE_ARTIFACTS (or the test's tmp dir) for a human to look at; the
-whole-page ones (slow to encode) only when COURSE_ARTIFACTS is set.
+Screenshots go to $COURSE_ARTIFACTS, when it is set, for a person to look at.
 """
 
 from __future__ import annotations
@@ -71,8 +70,8 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def base_url(request):
-    built = sitebuild.build_site()
+def base_url(request, tmp_path_factory):
+    built = sitebuild.build_site(shared=sitebuild.shared_folder(tmp_path_factory))
     sitebuild.report(request.config, f"site: mkdocs build --strict took {built.seconds:.1f} s")
     handler = functools.partial(_QuietHandler, directory=str(built.path))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -86,13 +85,30 @@ def base_url(request):
         thread.join(timeout=10)
 
 
+class Artifacts:
+    """Screenshots for a person to look at, in $COURSE_ARTIFACTS; without it, none are
+    taken: nobody looks at a test's temporary folder, and the pictures cost about a
+    second a test (2 cores, measured 2026-12-03). What the tests assert never reads them."""
+
+    def __init__(self, where: str | None):
+        self.path = Path(where) if where else None
+        if self.path is not None:
+            self.path.mkdir(parents=True, exist_ok=True)
+
+    def shot(self, page, name: str, *, settle_ms: int = 0, **options) -> None:
+        if self.path is None:
+            return
+        if settle_ms:
+            page.wait_for_timeout(settle_ms)  # an animation to finish, for the picture
+        page.screenshot(path=str(self.path / name), **options)
+
+
 @pytest.fixture(scope="module")
-def artifacts(request, tmp_path_factory):
-    where = os.environ.get("COURSE_ARTIFACTS")
-    path = Path(where) if where else tmp_path_factory.mktemp("screenshots")
-    path.mkdir(parents=True, exist_ok=True)
-    sitebuild.report(request.config, f"site: screenshots in {path}")
-    return path
+def artifacts(request):
+    found = Artifacts(os.environ.get("COURSE_ARTIFACTS"))
+    if found.path is not None:
+        sitebuild.report(request.config, f"site: screenshots in {found.path}")
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +239,7 @@ def test_lesson_page_shows_starter_and_solution_tabs(offline, base_url, artifact
     light = offline.scheme == "light"  # the layout checks, once a page (they are the same dark)
     wide = wide_code(page) if light else []
     first.scroll_into_view_if_needed()
-    page.screenshot(path=str(artifacts / f"lesson-{lesson[:2]}-starter-{offline.scheme}.png"))
+    artifacts.shot(page, f"lesson-{lesson[:2]}-starter-{offline.scheme}.png")
     solution.click()
     solved = first.locator(".tabbed-block").nth(1).locator("code")
     solved.wait_for(state="visible")
@@ -251,13 +267,11 @@ def test_lesson_page_shows_starter_and_solution_tabs(offline, base_url, artifact
             f"shorten it, or give it spaces to wrap at): {split}"
         )
         page.evaluate("window.scrollTo(0, 0)")
-    page.wait_for_timeout(400)  # let the tab underline finish its slide before the picture
-    page.screenshot(path=str(artifacts / f"lesson-{lesson[:2]}-solution-{offline.scheme}.png"))
-    if os.environ.get("COURSE_ARTIFACTS"):  # for a person to look at: 1-3 s a page
+    # 400 ms: the tab underline finishes its slide before the picture.
+    artifacts.shot(page, f"lesson-{lesson[:2]}-solution-{offline.scheme}.png", settle_ms=400)
+    if artifacts.path is not None:
         page.evaluate("window.scrollTo(0, 0)")
-        page.screenshot(
-            path=str(artifacts / f"lesson-{lesson[:2]}-full-{offline.scheme}.png"), full_page=True
-        )
+        artifacts.shot(page, f"lesson-{lesson[:2]}-full-{offline.scheme}.png", full_page=True)
     offline.assert_offline()
 
 
@@ -291,7 +305,7 @@ def test_every_mermaid_diagram_becomes_an_svg(offline, base_url, artifacts, path
         assert "Syntax error" not in svg["text"], f"diagram {i} failed to parse"
     page.evaluate("window.scrollTo(0, 0)")
     name = (path.strip("/") or "home") + f"-diagrams-{offline.scheme}.png"
-    page.screenshot(path=str(artifacts / name), full_page=True)
+    artifacts.shot(page, name, full_page=True)
     offline.assert_offline()
 
 
@@ -306,7 +320,7 @@ def test_search_finds_a_lesson_by_a_word_from_its_text(offline, base_url, artifa
     hit = page.locator(".md-search-result__item a[href*='lessons/00_environment']")
     hit.first.wait_for(state="visible")
     assert re.search(r"environment", hit.first.inner_text(), re.I)
-    page.screenshot(path=str(artifacts / "search.png"))
+    artifacts.shot(page, "search.png")
     offline.assert_offline()
 
 
@@ -322,7 +336,7 @@ def test_pages_load_offline_without_errors(offline, base_url, artifacts, path):
     title = page.locator("article h1").first
     assert title.is_visible() and title.inner_text().strip()
     name = (path.strip("/").replace("/", "-") or "home") + f"-{offline.scheme}.png"
-    page.screenshot(path=str(artifacts / name))
+    artifacts.shot(page, name)
     offline.assert_offline()
 
 

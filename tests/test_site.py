@@ -35,8 +35,8 @@ SECTION = re.compile(r"--8<--\s*\[\s*(?P<kind>start|end)\s*:\s*(?P<name>[a-z][-_
 
 
 @pytest.fixture(scope="session")
-def site(request):
-    built = sitebuild.build_site()
+def site(request, tmp_path_factory):
+    built = sitebuild.build_site(shared=sitebuild.shared_folder(tmp_path_factory))
     sitebuild.report(request.config, f"site: mkdocs build --strict took {built.seconds:.1f} s")
     return built
 
