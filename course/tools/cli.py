@@ -64,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     # Parsed by course.tools.grade_class itself; listed here for --help.
     sub.add_parser("grade-class", help="grade a folder of students' folders into a CSV",
                    add_help=False)  # fmt: skip
+    sub.add_parser("autograder", help="write a Gradescope autograder zip", add_help=False)
     hint = sub.add_parser("hint", help="a hint for the next unsolved TODO of a lesson")
     hint.add_argument("lesson", help="lesson number, e.g. 03")
     hint.add_argument("number", nargs="?", type=int, default=1, help="which hint (default 1)")
@@ -255,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         except FileNotFoundError as err:
             print(f"python -m course spy: error: {err}", file=sys.stderr)
             return 2
+    if argv[:1] == ["autograder"]:
+        from course.tools import autograder
+
+        return autograder.main(argv[1:])
     if argv[:1] == ["grade-class"]:
         from course.tools import grade_class
 
