@@ -113,12 +113,16 @@ def test_run_autograder_grades_four_submissions_into_valid_results(unpacked):
         results.unlink(missing_ok=True)
         env = {"AUTOGRADER_ROOT": str(autograder), "COURSE_PYTHON": sys.executable}
         run = procs.run(
-            ["bash", str(autograder / "source" / "run_autograder")], timeout=240, env=env
+            ["bash", str(autograder / "source" / "run_autograder")],
+            timeout=240,
+            env=env,
+            course_root=autograder / "source",  # the zip's course, not this one
         )
         assert run.returncode == 0, f"{kind}: run_autograder must exit 0\n{run.describe()}"
         found = json.loads(results.read_text())  # valid JSON, every time
         assert isinstance(found.get("tests"), list) and found["tests"], (kind, found)
         assert all(t["name"].startswith("tests/test_00_") for t in found["tests"]), kind
+        assert f"grader: {autograder / 'source'}\n" in run.output, f"{kind}: not the zip's grader"
         scores[kind] = (found["score"], found["max_score"])
         if kind == "hostile":  # else the test would pass without a cheat to defeat
             cheated = autograder / "submission" / "lessons" / FOLDER / "cheated"

@@ -55,6 +55,7 @@ if [ "$(id -u)" -eq 0 ] && id runner >/dev/null 2>&1; then
     export COURSE_CHILD_USER=runner
 fi
 cd "$ROOT/source"
+"$PY" -c "import course; print('grader:', course.REPO_ROOT)"
 "$PY" -m course grade {lessons} --impl "$IMPL" --grade-json "$RESULTS"
 status=$?
 # The grader writes a zero score when it starts and the real one last. If it died

@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("grade-class", help="grade a folder of students' folders into a CSV",
                    add_help=False)  # fmt: skip
     sub.add_parser("autograder", help="write a Gradescope autograder zip", add_help=False)
+    sub.add_parser("classroom", help="write a GitHub Classroom workflow", add_help=False)
     hint = sub.add_parser("hint", help="a hint for the next unsolved TODO of a lesson")
     hint.add_argument("lesson", help="lesson number, e.g. 03")
     hint.add_argument("number", nargs="?", type=int, default=1, help="which hint (default 1)")
@@ -260,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
         from course.tools import autograder
 
         return autograder.main(argv[1:])
+    if argv[:1] == ["classroom"]:
+        from course.tools import classroom
+
+        return classroom.main(argv[1:])
     if argv[:1] == ["grade-class"]:
         from course.tools import grade_class
 
