@@ -49,4 +49,9 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-__all__ = ["REPO_ROOT"]
+# The course's version (pyproject.toml reads it from here): `python -m course --version`,
+# every results file and every record made from now on carry it. CHANGELOG.md says what
+# each version changed.
+__version__ = "0.2.0"
+
+__all__ = ["REPO_ROOT", "__version__"]

@@ -130,3 +130,21 @@ def test_grade_prints_the_table_and_writes_json(tmp_path):
     results = json.loads(out.read_text())
     assert results["score"] == results["max_score"] > 0
     assert str(REPO_ROOT / "solutions") == results["impl"]
+
+
+def test_version_is_the_installed_packages():
+    """`python -m course --version` says the version pyproject.toml installs
+    (read from course.__version__), as results files and records carry it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import course
+
+    run = procs.run([sys.executable, "-m", "course", "--version"], timeout=60)
+    assert run.returncode == 0 and run.output.strip() == f"course {course.__version__}", (
+        run.describe()
+    )
+    try:
+        installed = version("course")
+    except PackageNotFoundError:
+        pytest.skip("the course is not pip-installed here")
+    assert installed == course.__version__, (installed, course.__version__)

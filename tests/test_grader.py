@@ -16,6 +16,7 @@ import textwrap
 
 import pytest
 
+import course
 from course import REPO_ROOT, lessons, procs
 from course.grader import warm
 
@@ -68,6 +69,7 @@ def test_solutions_earn_full_points_and_json_has_gradescope_shape(grader, tmp_pa
     assert run.returncode == 0, run.describe()
     assert results["score"] == results["max_score"] > 0
     assert isinstance(results["execution_time"], float | int)
+    assert results["course_version"] == course.__version__, results.get("course_version")
     for test in results["tests"]:
         assert set(test) >= {"name", "score", "max_score", "status", "output"}
         assert test["status"] in ("passed", "skipped")

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pytest
 
+import course
 from course import atomic, procs
 from course import lessons as registry
 from course.grader import calls, rules, submission
@@ -467,6 +468,7 @@ class GradeBook:
             "max_score": sum(r["possible"] for r in rows.values()),
             "execution_time": round(time.time() - self.started, 2),
             "impl": str(self.impl),
+            "course_version": course.__version__,
             "tests": tests,
         }
         atomic.write_json(results, self.path)  # a crash mid-write leaves the last version

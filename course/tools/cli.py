@@ -26,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import course
 from course import REPO_ROOT, lessons, procs
 from course.tools import release
 
@@ -38,6 +39,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m course", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"course {course.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     sub.add_parser("list", help="list the lessons")

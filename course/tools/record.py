@@ -143,7 +143,10 @@ def processor() -> str:
 def provenance() -> dict:
     import torch
 
+    import course
+
     return {
+        "course": course.__version__,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, OMP_NUM_THREADS=1, "
