@@ -122,21 +122,27 @@ FSDP2_SCALE = """
 import sys, torch, torch.distributed as dist, torch.multiprocessing as mp
 from course import ranks
 
-def rank_main(rank, port):
+def fsdp2_gradient(rank):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    ranks.join_local(rank, 2, "gloo", port)
-    averages = ranks.reduce_scatter_averages()
     torch.manual_seed(0)
     layer = torch.nn.Linear(4, 4, bias=False)
     fully_shard(layer, mesh=init_device_mesh("cpu", (2,)))
     x = torch.full((1, 4), float(rank + 1))  # rank 0 sends 1s, rank 1 sends 2s
     layer(x).sum().backward()
     # d(sum of outputs)/dW is x in every row: the mean over the ranks is 1.5, the sum 3.
-    grad = layer.weight.grad.full_tensor()
+    return layer.weight.grad.full_tensor().mean().item()
+
+def rank_main(rank, port):
+    ranks.join_local(rank, 2, "gloo", port)
+    averages = ranks.reduce_scatter_averages()
+    # The FSDP2 layer holds the group; it is gone on return, so that destroy_process_group()
+    # frees the group's gloo threads before the interpreter shuts down (see course/ranks.py).
+    mean = fsdp2_gradient(rank)
     if rank == 0:
-        print(averages, grad.mean().item())
+        print(averages, mean)
+    dist.barrier()  # leave together
     dist.destroy_process_group()
 
 if __name__ == "__main__":

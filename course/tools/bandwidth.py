@@ -159,11 +159,9 @@ def provenance_line(doc: dict) -> str:
     return ", ".join(parts)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from course import ranks
+def parser():
     from course.options import ArgumentParser, positive_int
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     p = ArgumentParser(prog="python -m course bandwidth", description=__doc__.splitlines()[0])
     p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl if CUDA works")
     p.add_argument("--nproc", type=positive_int, help="ranks (default: GPUs, or 2 with gloo)")
@@ -171,7 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=positive_int, default=3)
     p.add_argument("--iters", type=positive_int, default=10)
     p.add_argument("--out", help="write the JSON record here")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from course import ranks
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
     backend, world = ranks.backend_and_world_size(args.backend, args.nproc)
     if world < 2:
         raise ValueError(f"--nproc {world}: an all-reduce needs at least 2 ranks")

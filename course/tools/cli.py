@@ -12,6 +12,7 @@ python -m course hint 03 [2]               # hint 2 of your next unsolved TODO i
 python -m course doctor                    # the reference environment report
 python -m course release [--check]         # regenerate lessons/ from solutions/
 python -m course record [NAME ...]         # re-record the outputs the pages show
+python -m course figures [--run]          # every figure the site shows, made again
 python -m course durations runs/suite.xml  # the suite's seconds by file and kind (--junitxml)
 python -m course timeline --out t.json     # backward and DDP's all-reduces on one time axis
 python -m course clock SCRIPT [ARGS]       # a script's steps and its data-wait fraction
@@ -87,6 +88,8 @@ def _parser() -> argparse.ArgumentParser:
         "durations", help="the test suite's seconds by file and kind, from a JUnit file",
         add_help=False,
     )  # fmt: skip
+    sub.add_parser("figures", help="every figure the site shows, and the command that makes it",
+                   add_help=False)  # fmt: skip
     sizes = sub.add_parser("sizes", help="code lines of each solution and lines changed per lesson")
     sizes.add_argument("--impl", default="solutions", help="solutions (default) or a folder")
 
@@ -271,6 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         from course.tools import grade_class
 
         return grade_class.main(argv[1:])
+    if argv[:1] == ["figures"]:
+        from course.tools import figures
+
+        try:
+            return figures.main(argv[1:])
+        except figures.UnknownFigure as err:
+            print(f"python -m course figures: error: {err}", file=sys.stderr)
+            return 2
     if argv[:1] == ["durations"]:
         from course.tools import durations
 

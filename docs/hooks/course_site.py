@@ -29,6 +29,9 @@ and it is left alone inside a fenced code block:
     output, and where and when it ran. Inline, ``[[fact:NAME:KEY]]`` quotes
     one figure of a record (final_accuracy, steps, ...), and
     ``[[todo:NN:K]]`` the location of lesson NN's K-th TODO in its starter.
+``<!-- figures-table -->``
+    Every figure the site can render, with what makes it again (``python -m course
+    figures``), what that needs, and when and where it was made.
 ``<!-- timeline: docs/results/FOLDER/FILE.json -->``
     A ``python -m course timeline`` record: backward and all-reduce on one time axis.
 ``<!-- bench-plot: docs/results/FOLDER -->``
@@ -62,6 +65,7 @@ from directives.records import (  # noqa: E402
     render_bandwidth_table,
     render_bench_plot,
     render_bench_table,
+    render_figures,
     render_inline,
     render_output,
     render_results,
@@ -95,6 +99,8 @@ def expand(markdown: str, src_uri: str) -> str:
                 return render_lessons_table(page_dir)
             if name == "sizes" and not args:
                 return render_sizes()
+            if name == "figures-table" and not args:
+                return render_figures()
             if name == "bandwidth-table" and len(args) in (1, 2):
                 return render_bandwidth_table(*args)
             if name == "results-table" and len(args) == 1:
@@ -112,7 +118,7 @@ def expand(markdown: str, src_uri: str) -> str:
         except PluginError as exc:
             raise PluginError(f"{src_uri}: {exc}") from exc
         known = {"diff", "grading", "lesson-card", "lessons-table", "results-table", "sizes"}
-        known |= {"bandwidth-table"}
+        known |= {"bandwidth-table", "figures-table"}
         if name in known | {"bench-table", "bench-plot", "hints", "output", "timeline"}:
             raise PluginError(f"{src_uri}: malformed directive {m.group(0)!r}")
         return m.group(0)

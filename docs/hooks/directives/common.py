@@ -38,9 +38,20 @@ def run_commands(lesson) -> list[str]:
     return [f"python -m course run {lesson.number}", direct]
 
 
+def known_figure(path: Path, root: Path = ROOT) -> None:
+    """A page renders only figures that `python -m course figures` knows how to make again."""
+    load_lessons()  # puts the repository on sys.path
+    figures = importlib.import_module("course.tools.figures")
+    try:
+        figures.recipe(path, root)
+    except figures.UnknownFigure as exc:
+        raise PluginError(f"{exc}: `python -m course figures` cannot make it again") from exc
+
+
 def read_record(name: str) -> dict:
     """A `python -m course record` record, read by course.tools.record itself."""
     load_lessons()  # puts the repository on sys.path
+    known_figure(ROOT / "docs" / "results" / "outputs" / f"{name}.json")
     try:
         return importlib.import_module("course.tools.record").load(name)
     except FileNotFoundError as exc:

@@ -14,7 +14,7 @@ from pathlib import Path
 from mkdocs.exceptions import PluginError
 
 from course.tools.bench import render
-from directives.common import ROOT, lesson_todos, read_record
+from directives.common import ROOT, known_figure, lesson_todos, read_record
 
 
 def _flatten(record: dict, prefix: str = "") -> dict:
@@ -41,6 +41,7 @@ def render_results(folder: str, root: Path = ROOT) -> str:
         raise PluginError(f"results: no *.json records in {folder!r}")
     rows = []
     for path in paths:
+        known_figure(path, root)
         try:
             rows.append(_flatten(json.loads(path.read_text(encoding="utf-8"))))
         except (json.JSONDecodeError, AttributeError) as exc:
@@ -64,6 +65,7 @@ def render_results(folder: str, root: Path = ROOT) -> str:
 def _bench_docs(paths: list[Path], root: Path) -> list[dict]:
     docs = []
     for path in paths:
+        known_figure(path, root)
         try:
             docs.append(render.load(path))
         except (ValueError, OSError) as exc:  # JSONDecodeError is a ValueError
@@ -158,6 +160,7 @@ def render_bandwidth_table(path: str, limit: str | None = None, root: Path = ROO
     """A `python -m course bandwidth` record as a table, with its provenance; `limit`:
     the link's rated GB/s per direction, which the page names and sources."""
     bandwidth = importlib.import_module("course.tools.bandwidth")
+    known_figure(root / path, root)
     try:
         doc = json.loads((root / path).read_text())
     except (OSError, ValueError) as exc:
@@ -172,6 +175,27 @@ def render_bandwidth_table(path: str, limit: str | None = None, root: Path = ROO
         f"{bandwidth.table(doc, True, rated)}\n\n"
         f"*Measured {bandwidth.provenance_line(doc)} "
         f"by `{doc['provenance']['command']}`; record: `{path}`.*\n"
+    )
+
+
+def render_figures(root: Path = ROOT) -> str:
+    """Every figure under docs/results: its record, the command that makes it again, what
+    that needs, and when, where and on which PyTorch it was made."""
+    figures = importlib.import_module("course.tools.figures")
+    try:
+        known = figures.catalog(root)
+    except figures.UnknownFigure as exc:
+        raise PluginError(f"figures-table: {exc}") from exc
+    lines = ["| figure | made again by | needs | made on | machine | torch |",
+             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for f in known:
+        command = " ".join(f.command[3:] if f.command[:3] == ("python", "-m", "course") else
+                           f.command)  # fmt: skip
+        lines.append(f"| `{f.name}` | `{command}` | {f.needs} | {f.date} | {f.machine} | "
+                     f"{f.torch} |")  # fmt: skip
+    return "\n".join(lines) + (
+        f"\n\n*{len(known)} figures, listed by `python -m course figures` from "
+        "`docs/results/`; course commands are shown without `python -m course`.*\n"
     )
 
 
@@ -201,6 +225,7 @@ def render_timeline(path: str, root: Path = ROOT) -> str:
     it ran; the record itself is a Chrome trace, linked for Perfetto."""
     from course.tools import timeline
 
+    known_figure(root / path, root)
     try:
         doc = timeline.load(root / path)
     except (ValueError, OSError) as exc:
