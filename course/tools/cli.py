@@ -12,6 +12,7 @@ python -m course hint 03 [2]               # hint 2 of your next unsolved TODO i
 python -m course doctor                    # the reference environment report
 python -m course release [--check]         # regenerate lessons/ from solutions/
 python -m course record [NAME ...]         # re-record the outputs the pages show
+python -m course grading-cost [--out F]    # seconds and CPU seconds of grading each lesson
 python -m course figures [--run]          # every figure the site shows, made again
 python -m course durations runs/suite.xml  # the suite's seconds by file and kind (--junitxml)
 python -m course timeline --out t.json     # backward and DDP's all-reduces on one time axis
@@ -88,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
         "durations", help="the test suite's seconds by file and kind, from a JUnit file",
         add_help=False,
     )  # fmt: skip
+    sub.add_parser("grading-cost", help="seconds and CPU seconds of grading each lesson",
+                   add_help=False)  # fmt: skip
     sub.add_parser("figures", help="every figure the site shows, and the command that makes it",
                    add_help=False)  # fmt: skip
     sizes = sub.add_parser("sizes", help="code lines of each solution and lines changed per lesson")
@@ -274,6 +277,14 @@ def main(argv: list[str] | None = None) -> int:
         from course.tools import grade_class
 
         return grade_class.main(argv[1:])
+    if argv[:1] == ["grading-cost"]:
+        from course.tools import grading_cost
+
+        try:
+            return grading_cost.main(argv[1:])
+        except (FileNotFoundError, lessons.UnknownLesson) as err:
+            print(f"python -m course grading-cost: error: {err}", file=sys.stderr)
+            return 2
     if argv[:1] == ["figures"]:
         from course.tools import figures
 

@@ -12,6 +12,7 @@ by one of the course's own commands, which the record names in its provenance:
 - `course bench`, `course bandwidth` and `course timeline` records: the command in the
   record's provenance, with --out pointed at the record; they need as many GPUs as the
   record was measured on (provenance `gpu_count`);
+- `course grading-cost` records: grading each lesson of the reference, timed (CPU);
 - experiments/NAME.txt: the output of experiments/NAME.py, which says in its first line
   what it ran on.
 
@@ -37,6 +38,7 @@ MADE_BY = {  # a record's `kind` -> the course verb that writes it
     "course-bandwidth": "bandwidth",
     "course-timeline": "timeline",
     "course-record": "record",
+    "course-grading-cost": "grading-cost",
 }
 
 

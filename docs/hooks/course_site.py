@@ -29,6 +29,8 @@ and it is left alone inside a fenced code block:
     output, and where and when it ran. Inline, ``[[fact:NAME:KEY]]`` quotes
     one figure of a record (final_accuracy, steps, ...), and
     ``[[todo:NN:K]]`` the location of lesson NN's K-th TODO in its starter.
+``<!-- grading-cost-table: docs/results/FOLDER/FILE.json -->``
+    A ``python -m course grading-cost`` record: each lesson's grading, timed.
 ``<!-- figures-table -->``
     Every figure the site can render, with what makes it again (``python -m course
     figures``), what that needs, and when and where it was made.
@@ -66,6 +68,7 @@ from directives.records import (  # noqa: E402
     render_bench_plot,
     render_bench_table,
     render_figures,
+    render_grading_cost,
     render_inline,
     render_output,
     render_results,
@@ -101,6 +104,8 @@ def expand(markdown: str, src_uri: str) -> str:
                 return render_sizes()
             if name == "figures-table" and not args:
                 return render_figures()
+            if name == "grading-cost-table" and len(args) == 1:
+                return render_grading_cost(args[0])
             if name == "bandwidth-table" and len(args) in (1, 2):
                 return render_bandwidth_table(*args)
             if name == "results-table" and len(args) == 1:
@@ -118,7 +123,7 @@ def expand(markdown: str, src_uri: str) -> str:
         except PluginError as exc:
             raise PluginError(f"{src_uri}: {exc}") from exc
         known = {"diff", "grading", "lesson-card", "lessons-table", "results-table", "sizes"}
-        known |= {"bandwidth-table", "figures-table"}
+        known |= {"bandwidth-table", "figures-table", "grading-cost-table"}
         if name in known | {"bench-table", "bench-plot", "hints", "output", "timeline"}:
             raise PluginError(f"{src_uri}: malformed directive {m.group(0)!r}")
         return m.group(0)

@@ -178,6 +178,23 @@ def render_bandwidth_table(path: str, limit: str | None = None, root: Path = ROO
     )
 
 
+def render_grading_cost(path: str, root: Path = ROOT) -> str:
+    """A `python -m course grading-cost` record: each lesson's grading, timed."""
+    grading_cost = importlib.import_module("course.tools.grading_cost")
+    known_figure(root / path, root)
+    try:
+        doc = json.loads((root / path).read_text())
+    except (OSError, ValueError) as exc:
+        raise PluginError(f"grading-cost-table: cannot read {path!r}: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("kind") != grading_cost.KIND:
+        raise PluginError(f"grading-cost-table: {path!r} is not a `course grading-cost` record")
+    return (
+        f"{grading_cost.table(doc, markdown=True)}\n\n"
+        f"*Measured {grading_cost.provenance_line(doc)}, "
+        f"by `{doc['provenance']['command']}`; record: `{path}`.*\n"
+    )
+
+
 def render_figures(root: Path = ROOT) -> str:
     """Every figure under docs/results: its record, the command that makes it again, what
     that needs, and when, where and on which PyTorch it was made."""

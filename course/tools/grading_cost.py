@@ -1,0 +1,143 @@
+"""What grading one student costs, lesson by lesson: `python -m course grading-cost`.
+
+    python -m course grading-cost                         # every lesson of solutions/
+    python -m course grading-cost --lessons 00 03 --impl lessons
+    python -m course grading-cost --out docs/results/grading/cpu-2.json
+
+Each lesson is graded on its own, as `python -m course grade NN` does it (one pytest, no
+xdist), and timed: wall seconds, and the CPU seconds of the grader and everything it
+started. The record is what the "Adopting the course" page shows an instructor: how long a
+class's grading takes on a machine like this one, and which lessons cost most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import sys
+import tempfile
+from pathlib import Path
+
+import course
+from course import atomic, lessons, procs
+
+KIND = "course-grading-cost"
+BUDGET_S = 45  # a lesson's grading, on two cores (docs/contributing.md)
+DEADLINE_S = 300  # per lesson, scaled by COURSE_TIMEOUT_SCALE: a hung submission's cap
+
+
+def _cpu_seconds() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def grade_lesson(number: str, impl: Path) -> dict:
+    from course.tools.cli import grade_command
+
+    with tempfile.TemporaryDirectory() as tmp:
+        results = Path(tmp) / "results.json"
+        cpu = _cpu_seconds()
+        run = procs.run(
+            grade_command([number], impl, results), timeout=DEADLINE_S, cwd=tmp,
+            env={"TMPDIR": tmp},
+        )  # fmt: skip
+        cpu = _cpu_seconds() - cpu
+        try:
+            found = json.loads(results.read_text())
+        except (OSError, ValueError):
+            found = {}
+    tests = found.get("tests", [])
+    status = [t.get("status") for t in tests]
+    return {
+        "lesson": number,
+        "title": lessons.get(number).title,
+        "seconds": round(run.seconds, 1),
+        "cpu_seconds": round(cpu, 1),
+        "tests": len(tests),
+        "passed": status.count("passed"),
+        "failed": status.count("failed"),
+        "skipped": status.count("skipped"),
+        "points": found.get("score", 0.0),
+        "max_points": found.get("max_score", 0.0),
+        "finished": not run.timed_out,
+    }
+
+
+def provenance(argv: list[str]) -> dict:
+    import torch
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join(["python -m course grading-cost", *argv]),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpus": str(os.cpu_count()),
+        "device": "CPU",
+        "gpu_count": "0",
+        "course": course.__version__,
+    }
+
+
+def table(doc: dict, markdown: bool = False) -> str:
+    head = ["lesson", "title", "tests", "passed", "skipped", "seconds", "CPU seconds", "points"]
+    rows = [
+        [r["lesson"], r["title"], str(r["tests"]), str(r["passed"]), str(r["skipped"]),
+         f"{r['seconds']:.0f}", f"{r['cpu_seconds']:.0f}", f"{r['points']:g}/{r['max_points']:g}"]
+        for r in doc["rows"]
+    ]  # fmt: skip
+    total = {
+        k: sum(r[k] for r in doc["rows"]) for k in doc["rows"][0] if k not in ("lesson", "title")
+    }
+    rows.append(["all", "", str(total["tests"]), str(total["passed"]), str(total["skipped"]),
+                 f"{total['seconds']:.0f}", f"{total['cpu_seconds']:.0f}",
+                 f"{total['points']:g}/{total['max_points']:g}"])  # fmt: skip
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
+    return "\n".join(
+        "  ".join(x.ljust(w) for x, w in zip(r, widths, strict=True)).rstrip()
+        for r in [head, *rows]
+    )
+
+
+def provenance_line(doc: dict) -> str:
+    p = doc["provenance"]
+    return (
+        f"on {p['cpus']} CPU cores, torch {p['torch']}, course {p['course']}, {p['date']}, "
+        f"grading {doc['impl']}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="python -m course grading-cost", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--lessons", nargs="+", default=[], metavar="NN", help="default: all")
+    p.add_argument("--impl", default="solutions", help="solutions (default), lessons or a folder")
+    p.add_argument("--out", type=Path, help="write the JSON record here")
+    args = p.parse_args(argv)
+    impl = lessons.resolve_impl(args.impl)
+    numbers = [lessons.get(n).number for n in args.lessons] or [x.number for x in lessons.LESSONS]
+    rows = []
+    for number in numbers:
+        rows.append(grade_lesson(number, impl))
+        row = rows[-1]
+        over = "" if row["seconds"] <= BUDGET_S else f"  (over the {BUDGET_S} s budget)"
+        print(f"lesson {number}: {row['seconds']:.0f} s, {row['cpu_seconds']:.0f} CPU s, "
+              f"{row['passed']}/{row['tests']} passed{over}", flush=True)  # fmt: skip
+    doc = {"kind": KIND, "impl": args.impl, "rows": rows, "provenance": provenance(argv)}
+    print(f"\nGrading one student {provenance_line(doc)}:\n{table(doc)}")
+    unfinished = [r["lesson"] for r in rows if not r["finished"] or not r["tests"]]
+    if unfinished:  # a cost without a grade is no figure: nothing is written
+        said = f"lesson {', '.join(unfinished)} did not finish grading within {DEADLINE_S} s"
+        print(f"python -m course grading-cost: error: {said} or wrote no results", file=sys.stderr)
+        return 1
+    if args.out:
+        atomic.write_json(doc, args.out, indent=1)
+        print(f"wrote {args.out}")
+    return 0
