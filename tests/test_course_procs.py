@@ -55,6 +55,15 @@ def test_after_import_counts_from_the_end_of_import_torch(tmp_path):
     assert not procs.group_alive(result.pgid)
 
 
+def test_ready_comes_after_the_start_up_imports_of_a_distributed_lesson():
+    """The moment `after_import` counts from follows torch._dynamo's import too (what every
+    distributed lesson imports next): a process that imports only torch has it already."""
+    check = "import sys, torch; print('dynamo' if 'torch._dynamo' in sys.modules else 'not')"
+    result = procs.run([sys.executable, "-c", check], timeout=60, after_import=30)
+    assert result.ok and result.output.split()[-1] == "dynamo", result.describe()
+    assert result.ready is not None, result.describe()
+
+
 def test_a_finished_command_leaves_no_orphans(tmp_path):
     script = tmp_path / "orphan.py"
     script.write_text(

@@ -273,19 +273,25 @@ def test_bandwidth_directive_with_and_without_a_rated_limit():
 
 
 def test_results_table_from_json_records(tmp_path):
-    folder = tmp_path / "runs"
-    folder.mkdir()
+    """One row per record of a folder, its kind and provenance left to the figures table;
+    a record that `course figures` cannot make again is refused."""
+    folder = tmp_path / "docs" / "results" / "runs"
+    folder.mkdir(parents=True)
+    made = {"kind": "course-bench", "provenance": {"command": "python -m course bench"}}
     for n, rate in ((2, 1800.0), (1, 1000.0), (4, 3000.0)):
         record = {"world_size": n, "samples_per_s": rate, "step_ms": {"median": 10.0 * n}}
-        (folder / f"ws{n}.json").write_text(json.dumps(record), encoding="utf-8")
-    table = records.render_results("runs", root=tmp_path)
+        (folder / f"ws{n}.json").write_text(json.dumps({**made, **record}), encoding="utf-8")
+    table = records.render_results("docs/results/runs", root=tmp_path)
     lines = table.splitlines()
     assert lines[0] == "| world_size | samples_per_s | step_ms.median | speed-up | efficiency |"
     assert lines[2] == "| 1 | 1,000 | 10 | 1.00× | 100% |"
     assert lines[4] == "| 4 | 3,000 | 40 | 3.00× | 75% |"
-    (folder / "broken.json").write_text("[1, 2", encoding="utf-8")
-    with pytest.raises(hook.PluginError, match="broken.json is not a JSON object"):
-        records.render_results("runs", root=tmp_path)
+    (folder / "typed.json").write_text('{"world_size": 8}', encoding="utf-8")
+    with pytest.raises(hook.PluginError, match="typed.json.*cannot make it again"):
+        records.render_results("docs/results/runs", root=tmp_path)
+    (folder / "typed.json").write_text("[1, 2", encoding="utf-8")
+    with pytest.raises(hook.PluginError, match="typed.json: not JSON"):
+        records.render_results("docs/results/runs", root=tmp_path)
     with pytest.raises(hook.PluginError, match="no \\*.json records"):
         records.render_results("nothing-here", root=tmp_path)
 
@@ -357,12 +363,17 @@ def test_bench_records_become_tables_and_a_plot_at_build_time(site):
 
 
 def test_bench_directives_refuse_what_is_not_a_record(tmp_path):
-    (tmp_path / "r").mkdir()
-    (tmp_path / "r" / "other.json").write_text('{"world_size": 1}', encoding="utf-8")
+    folder = tmp_path / "docs" / "results" / "r"
+    folder.mkdir(parents=True)
+    other = {"kind": "course-bandwidth", "provenance": {"command": "python -m course bandwidth"}}
+    (folder / "other.json").write_text(json.dumps(other), encoding="utf-8")
     with pytest.raises(hook.PluginError, match="not a `course bench` record"):
-        records.render_bench_table("r/other.json", root=tmp_path)
+        records.render_bench_table("docs/results/r/other.json", root=tmp_path)
+    (tmp_path / "elsewhere.json").write_text(json.dumps(other), encoding="utf-8")
+    with pytest.raises(hook.PluginError, match="from docs/results/ only"):
+        records.render_bench_table("elsewhere.json", root=tmp_path)
     with pytest.raises(hook.PluginError, match="no such file"):
-        records.render_bench_table("r/none.json", root=tmp_path)
+        records.render_bench_table("docs/results/r/none.json", root=tmp_path)
     with pytest.raises(hook.PluginError, match="no \\*.json records"):
         records.render_bench_plot("empty", root=tmp_path)
 
@@ -398,7 +409,8 @@ def test_bench_figures_quoted_in_prose_come_from_the_records(tmp_path):
         {"key": "08", "lesson": "08", "ok": True, "samples_per_s": 7900.0, "world_size": 2},
     ]
     launch.add_ratios(rows)
-    doc = {"kind": render.KIND, "settings": {}, "provenance": {}, "rows": rows}
+    made = {"command": "python -m course bench --lessons 01 08"}
+    doc = {"kind": render.KIND, "settings": {}, "provenance": made, "rows": rows}
     (folder / "a.json").write_text(json.dumps(doc), encoding="utf-8")
     assert records.render_bench_figure("r/a", "01.samples_per_s", root=tmp_path) == "4,000"
     assert records.render_bench_figure("r/a", "08.efficiency", root=tmp_path) == "0.987"

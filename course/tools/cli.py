@@ -215,95 +215,37 @@ def _sizes(args) -> int:
     return sizes.main(["--impl", args.impl])
 
 
+# The verbs whose tools parse their own arguments: (module in course/tools, the errors
+# that become a one-line message; the others are bugs, and keep their traceback).
+_BAD_INPUT = (lessons.UnknownLesson, FileNotFoundError, ValueError)
+TOOLS = {
+    "record": ("record", (ValueError, RuntimeError)),
+    "bandwidth": ("bandwidth", ValueError),
+    "timeline": ("timeline", ValueError),
+    "clock": ("clock", FileNotFoundError),
+    "memory": ("memory", (FileNotFoundError, ValueError)),
+    "spy": ("spy", FileNotFoundError),
+    "autograder": ("autograder", ()),
+    "classroom": ("classroom", ()),
+    "grade-class": ("grade_class", ()),
+    "grading-cost": ("grading_cost", (FileNotFoundError, lessons.UnknownLesson)),
+    "figures": ("figures", ValueError),  # figures.UnknownFigure is one
+    "durations": ("durations", ()),
+    "bench": ("bench", _BAD_INPUT),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["record"]:
-        from course.tools import record
+    if argv[:1] and argv[0] in TOOLS:  # a tool with its own parser: it gets the rest
+        import importlib
 
+        module, errors = TOOLS[argv[0]]
+        tool = importlib.import_module(f"course.tools.{module}")
         try:
-            return record.main(argv[1:])
-        except (ValueError, RuntimeError) as err:
-            print(f"python -m course record: error: {err}", file=sys.stderr)
-            return 2
-    if argv[:1] == ["bandwidth"]:
-        from course.tools import bandwidth
-
-        try:
-            return bandwidth.main(argv[1:])
-        except ValueError as err:
-            print(f"python -m course bandwidth: error: {err}", file=sys.stderr)
-            return 2
-    if argv[:1] == ["timeline"]:
-        from course.tools import timeline
-
-        try:
-            return timeline.main(argv[1:])
-        except ValueError as err:
-            print(f"python -m course timeline: error: {err}", file=sys.stderr)
-            return 2
-    if argv[:1] == ["clock"]:
-        from course.tools import clock
-
-        try:
-            return clock.main(argv[1:])
-        except FileNotFoundError as err:
-            print(f"python -m course clock: error: {err}", file=sys.stderr)
-            return 2
-    if argv[:1] == ["memory"]:
-        from course.tools import memory
-
-        try:
-            return memory.main(argv[1:])
-        except (FileNotFoundError, ValueError) as err:
-            print(f"python -m course memory: error: {err}", file=sys.stderr)
-            return 2
-    if argv[:1] == ["spy"]:
-        from course.tools import spy
-
-        try:
-            return spy.main(argv[1:])
-        except FileNotFoundError as err:
-            print(f"python -m course spy: error: {err}", file=sys.stderr)
-            return 2
-    if argv[:1] == ["autograder"]:
-        from course.tools import autograder
-
-        return autograder.main(argv[1:])
-    if argv[:1] == ["classroom"]:
-        from course.tools import classroom
-
-        return classroom.main(argv[1:])
-    if argv[:1] == ["grade-class"]:
-        from course.tools import grade_class
-
-        return grade_class.main(argv[1:])
-    if argv[:1] == ["grading-cost"]:
-        from course.tools import grading_cost
-
-        try:
-            return grading_cost.main(argv[1:])
-        except (FileNotFoundError, lessons.UnknownLesson) as err:
-            print(f"python -m course grading-cost: error: {err}", file=sys.stderr)
-            return 2
-    if argv[:1] == ["figures"]:
-        from course.tools import figures
-
-        try:
-            return figures.main(argv[1:])
-        except figures.UnknownFigure as err:
-            print(f"python -m course figures: error: {err}", file=sys.stderr)
-            return 2
-    if argv[:1] == ["durations"]:
-        from course.tools import durations
-
-        return durations.main(argv[1:])
-    if argv[:1] == ["bench"]:
-        from course.tools import bench
-
-        try:
-            return bench.main(argv[1:])
-        except (lessons.UnknownLesson, FileNotFoundError, ValueError) as err:
-            print(f"python -m course bench: error: {err}", file=sys.stderr)
+            return tool.main(argv[1:])
+        except errors as err:
+            print(f"python -m course {argv[0]}: error: {err}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             return 130
@@ -323,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         return handler[args.command](args)
-    except (lessons.UnknownLesson, FileNotFoundError, ValueError, release.ReleaseError) as err:
+    except (*_BAD_INPUT, release.ReleaseError) as err:
         print(f"python -m course {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -131,6 +131,8 @@ def catalog(root: Path = REPO_ROOT) -> list[Figure]:
 def recipe(record: str | Path, root: Path = REPO_ROOT) -> Figure:
     """How to make the record a page is about to render; UnknownFigure if the course cannot."""
     path = (root / record).resolve()
+    if path.is_relative_to(root.resolve()):  # said as the pages name it
+        record = path.relative_to(root.resolve()).as_posix()
     if not path.is_file():
         raise UnknownFigure(f"{record}: no such record")
     if not path.is_relative_to((root / RESULTS).resolve()):

@@ -34,19 +34,17 @@ def _cell(value) -> str:
 
 
 def render_results(folder: str, root: Path = ROOT) -> str:
-    """One table row per JSON record in a folder, with speed-up and efficiency when
-    the records carry `world_size` and `samples_per_s`."""
+    """One table row per JSON record in a folder (its kind and provenance aside: the
+    figures table shows them), with speed-up and efficiency when the records carry
+    `world_size` and `samples_per_s`."""
     paths = sorted((root / folder).glob("*.json"))
     if not paths:
         raise PluginError(f"results: no *.json records in {folder!r}")
     rows = []
     for path in paths:
-        known_figure(path, root)
-        try:
-            rows.append(_flatten(json.loads(path.read_text(encoding="utf-8"))))
-        except (json.JSONDecodeError, AttributeError) as exc:
-            rel = path.relative_to(root)
-            raise PluginError(f"results: {rel} is not a JSON object: {exc}") from exc
+        known_figure(path, root)  # a JSON object, made by a course command
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        rows.append(_flatten({k: v for k, v in doc.items() if k not in ("kind", "provenance")}))
     rows.sort(key=lambda r: (r.get("world_size", 0), str(r.get("backend", ""))))
     columns = list(dict.fromkeys(key for row in rows for key in row))
     base = next((r for r in rows if r.get("world_size") == 1 and "samples_per_s" in r), None)
