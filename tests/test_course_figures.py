@@ -14,9 +14,10 @@ from course.tools import figures
 
 def parses(verb: str, args: list[str]) -> None:
     """The verb's own parser accepts the arguments the figure would be made with."""
-    from course.tools import bandwidth, bench, timeline
+    from course.tools import bandwidth, bench, grading_cost, timeline
 
     parser = {"bench": bench.parser, "bandwidth": bandwidth.parser, "timeline": timeline.parser}
+    parser["grading-cost"] = grading_cost.parser
     try:
         parser[verb]().parse_args(args)
     except SystemExit as exc:
@@ -31,7 +32,7 @@ def test_every_record_under_docs_results_is_known_with_a_command_that_parses():
         p.relative_to(REPO_ROOT).as_posix() for p in figures.candidates()
     }
     verbs = {f.verb for f in known}
-    assert {"bench", "bandwidth", "timeline", "record", "experiment"} <= verbs, verbs
+    assert {"bench", "bandwidth", "timeline", "record", "experiment", "grading-cost"} <= verbs
     for figure in known:
         assert figure.date and figure.torch, f"{figure.record}: no date or torch in provenance"
         if figure.verb == "experiment":

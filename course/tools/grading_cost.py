@@ -113,14 +113,18 @@ def provenance_line(doc: dict) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m course grading-cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--lessons", nargs="+", default=[], metavar="NN", help="default: all")
     p.add_argument("--impl", default="solutions", help="solutions (default), lessons or a folder")
     p.add_argument("--out", type=Path, help="write the JSON record here")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
     impl = lessons.resolve_impl(args.impl)
     numbers = [lessons.get(n).number for n in args.lessons] or [x.number for x in lessons.LESSONS]
     rows = []
