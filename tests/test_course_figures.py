@@ -4,6 +4,7 @@ makes it again, a page cannot render one that is not, and --run does what this m
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -104,11 +105,17 @@ def test_run_makes_what_the_cpu_can_and_says_what_it_skips():
     lines = dict(line.split(": ", 1) for line in out.output.splitlines())
     known = figures.catalog()
     assert set(lines) == {f.name for f in known}
+    cores = os.cpu_count()
     for figure in known:
         if figure.gpus:
             assert lines[figure.name] == f"skipped, needs {figure.needs} (this machine has 0)"
+        elif figure.cores and figure.cores != cores:
+            said = f"skipped, measured on {figure.cores} CPU cores (this machine has {cores})"
+            assert lines[figure.name] == said
         else:
             assert lines[figure.name].startswith("python "), lines[figure.name]
+    timed = {f.name: f.needs for f in known if f.cores}
+    assert timed.get("grading/cpu-2") == "2 CPU cores", timed  # another machine's would lie
     listing = procs.run(
         args=[sys.executable, "-m", "course", "figures", "--only", "outputs/01_cpu", "nope"],
         timeout=60,
