@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILD_TIMEOUT_S = 300
+# `mkdocs build --strict` took 55 s on an idle 2-core machine, 127 s in a CI run beside a
+# busy loop and the other worker's launches, and a second build in that run did not end
+# within the 180 s that pytest-timeout then gave the test whose fixture built it (so every
+# browser test failed). The build's own deadline is about 3 times the loaded 127 s, and a
+# test that may build the site is given that plus its own TEST_ALLOWANCE_S.
+BUILD_TIMEOUT_S = 400
+TEST_ALLOWANCE_S = 120
+TEST_TIMEOUT_S = BUILD_TIMEOUT_S + TEST_ALLOWANCE_S
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ if not CHROMIUM.is_file():
 # builder imports by name; both modules then reuse one build per process.
 import _sitebuild as sitebuild  # noqa: E402
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(sitebuild.TEST_TIMEOUT_S)  # the first may build the site
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

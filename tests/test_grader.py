@@ -193,10 +193,24 @@ def test_a_killed_grading_leaves_a_zero_score_file(grader, tmp_path):
 HANG_DEADLINE_S = 25
 BARRIER_DEADLINE_S = 36
 
-HANG = """
+# Neither script imports course.ranks (and with it torch._dynamo, 2.3 s of CPU a process):
+# in a CI run beside a busy loop the barrier's three processes had not both reached the
+# collective's timeout within the deadline, and the hang's rank 1 had not printed in 25 s.
+FREE_PORT = """
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+"""
+
+HANG = (
+    """
 import sys, time
 import torch, torch.distributed as dist, torch.multiprocessing as mp
-from course.ranks import free_port
+"""
+    + FREE_PORT
+    + """
 
 def worker(rank, port):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -209,6 +223,7 @@ def worker(rank, port):
 if __name__ == "__main__":
     mp.spawn(worker, args=(free_port(),), nprocs=2)
 """
+)
 
 
 def test_rank_that_never_joins_a_collective_is_killed_with_its_group(tmp_path):
@@ -226,13 +241,17 @@ def test_rank_that_never_joins_a_collective_is_killed_with_its_group(tmp_path):
     assert procs.HANG_CAUSE in message, "a hang's report names its likely cause"
 
 
-BARRIER_ON_RANK_0 = """
+BARRIER_ON_RANK_0 = (
+    """
+import os, datetime
 import torch, torch.distributed as dist, torch.multiprocessing as mp
-from course.ranks import free_port, process_group_timeout
-
+"""
+    + FREE_PORT
+    + """
 def worker(rank, port):
+    timeout = datetime.timedelta(seconds=float(os.environ["COURSE_PG_TIMEOUT"]))  # set by procs
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2, timeout=process_group_timeout())
+                            world_size=2, timeout=timeout)
     for step in range(3):
         print(f"rank {rank} at step {step}", flush=True)
         if rank == 0:
@@ -243,6 +262,7 @@ def worker(rank, port):
 if __name__ == "__main__":
     mp.spawn(worker, args=(free_port(),), nprocs=2)
 """
+)
 
 
 def test_a_rank_0_only_barrier_is_reported_once_before_the_deadline(tmp_path):

@@ -28,6 +28,8 @@ import _sitebuild as sitebuild  # noqa: E402
 hook = sitebuild.load_hook()  # puts docs/hooks on sys.path: its directives import
 from directives import common, grading, records, snippets  # noqa: E402
 
+pytestmark = pytest.mark.timeout(sitebuild.TEST_TIMEOUT_S)  # a test's fixture may build the site
+
 # A snippet line: optional indent, `--8<--`, a quoted path with an optional `:section`
 # or line range. A leading `;` escapes it, so such lines are documentation, not includes.
 SNIPPET = re.compile(r'^[ \t]*(?P<escape>;*)-{1,}8<-{1,}[ \t]+"(?P<target>[^"]+)"', re.M)
@@ -479,7 +481,7 @@ def test_solution_tabs_show_clean_code(site):
     )
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(sitebuild.TEST_TIMEOUT_S)
 def test_the_instructor_build_has_no_solution_line(request):
     """COURSE_SITE_SOLUTIONS=0 mkdocs build: no line a student must write appears on any
     page, and the pages say what was left out."""
