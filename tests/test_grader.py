@@ -188,10 +188,13 @@ def test_a_killed_grading_leaves_a_zero_score_file(grader, tmp_path):
 
 # Deadlines of the two planted hangs below. Both ranks printed 3.2-4.0 s after the start
 # on an idle two-core machine (2026-12-01); importing torch is 2.7x slower with four busy
-# loops (grading.IMPORT_DEADLINE_S), so about 11 s loaded. The hang is killed at 25 s; the
-# barrier's process-group timeout, half its 36 s deadline, leaves 18 s for the start.
-HANG_DEADLINE_S = 25
-BARRIER_DEADLINE_S = 36
+# loops (grading.IMPORT_DEADLINE_S), so about 11 s loaded. Beside a busy loop *and* the
+# other worker's launches (2026-12-03, twice), that was not enough: the hang's rank 1 had
+# not printed within 25 s, and the barrier's ranks, whose 18 s timeout had fired, had not
+# exited 36 s after the start. The hang is now killed at 40 s, and the barrier's
+# process-group timeout, half its 60 s deadline, leaves 30 s for the start and the exit.
+HANG_DEADLINE_S = 40
+BARRIER_DEADLINE_S = 60
 
 # Neither script imports course.ranks (and with it torch._dynamo, 2.3 s of CPU a process):
 # in a CI run beside a busy loop the barrier's three processes had not both reached the
