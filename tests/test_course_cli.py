@@ -36,6 +36,22 @@ def test_bad_arguments_give_one_line_and_exit_2(args, says, capsys):
     assert says in err and "\n" not in err
 
 
+def test_an_unknown_lesson_is_one_line_even_after_the_registry_was_reloaded(capsys):
+    """`mkdocs serve` reloads course.lessons, which makes a new UnknownLesson class; the
+    command line must catch the class of the day, not the one it saw at import."""
+    import importlib
+
+    snapshot = dict(lessons.__dict__)
+    try:
+        importlib.reload(lessons)
+        assert cli.main(["run", "42"]) == 2
+        assert cli.main(["grading-cost", "--lessons", "42"]) == 2
+    finally:
+        lessons.__dict__.update(snapshot)
+    err = capsys.readouterr().err
+    assert err.count("no lesson '42'") == 2, err
+
+
 @pytest.mark.parametrize("number", [n.number for n in lessons.LESSONS if n.distributed])
 def test_run_with_nccl_and_no_gpu_is_one_line_before_any_launch(number, capsys, monkeypatch):
     """`course run NN --backend nccl` on a machine without GPUs: one line, exit 2, and no

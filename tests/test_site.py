@@ -518,3 +518,21 @@ def test_diagram_sources_stay_out_of_the_search_index(site):
     index = (site.path / "search" / "search_index.json").read_text(encoding="utf-8")
     for word in ("sequenceDiagram", "flowchart LR", "participant "):
         assert word not in index, f"the search index holds diagram source ({word!r})"
+
+
+def test_the_lesson_registry_is_imported_again_only_after_an_edit(monkeypatch, tmp_path):
+    """The site's hook reloads course.lessons for `mkdocs serve`; a reload for nothing made
+    new classes under the test session, and `course run 42` then raised a traceback."""
+    import course.lessons
+
+    before = course.lessons.UnknownLesson
+    common.load_lessons()
+    common.load_lessons()
+    assert course.lessons.UnknownLesson is before, "load_lessons reloaded an unchanged file"
+    snapshot = dict(course.lessons.__dict__)
+    monkeypatch.setitem(common._loaded_mtime, course.lessons.__file__, -1.0)  # as if edited
+    try:
+        common.load_lessons()
+        assert course.lessons.UnknownLesson is not before, "an edited registry was not reloaded"
+    finally:
+        course.lessons.__dict__.update(snapshot)

@@ -215,9 +215,14 @@ def _sizes(args) -> int:
     return sizes.main(["--impl", args.impl])
 
 
+def _bad_input() -> tuple[type[Exception], ...]:
+    """The errors that become a one-line message; the others are bugs, and keep their
+    traceback. Looked up when caught: a reloaded registry has a new UnknownLesson."""
+    return (lessons.UnknownLesson, FileNotFoundError, ValueError, release.ReleaseError)
+
+
 # The verbs whose tools parse their own arguments: (module in course/tools, the errors
-# that become a one-line message; the others are bugs, and keep their traceback).
-_BAD_INPUT = (lessons.UnknownLesson, FileNotFoundError, ValueError)
+# that become a one-line message).
 TOOLS = {
     "record": ("record", (ValueError, RuntimeError)),
     "bandwidth": ("bandwidth", ValueError),
@@ -228,10 +233,10 @@ TOOLS = {
     "autograder": ("autograder", ()),
     "classroom": ("classroom", ()),
     "grade-class": ("grade_class", ()),
-    "grading-cost": ("grading_cost", (FileNotFoundError, lessons.UnknownLesson)),
+    "grading-cost": ("grading_cost", None),
     "figures": ("figures", ValueError),  # figures.UnknownFigure is one
     "durations": ("durations", ()),
-    "bench": ("bench", _BAD_INPUT),
+    "bench": ("bench", None),  # None: _bad_input()
 }
 
 
@@ -242,9 +247,10 @@ def main(argv: list[str] | None = None) -> int:
 
         module, errors = TOOLS[argv[0]]
         tool = importlib.import_module(f"course.tools.{module}")
+        caught = _bad_input() if errors is None else errors
         try:
             return tool.main(argv[1:])
-        except errors as err:
+        except caught as err:
             print(f"python -m course {argv[0]}: error: {err}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
@@ -265,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         return handler[args.command](args)
-    except (*_BAD_INPUT, release.ReleaseError) as err:
+    except _bad_input() as err:
         print(f"python -m course {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -13,15 +13,24 @@ from mkdocs.exceptions import PluginError
 ROOT = Path(__file__).resolve().parents[3]
 
 
+_loaded_mtime: dict[str, float] = {}
+
+
 def load_lessons():
-    """The lesson registry, imported fresh so that `mkdocs serve` sees edits."""
+    """The lesson registry, imported again only when its file changed, so that `mkdocs serve`
+    sees edits. A reload makes new classes (UnknownLesson among them), so a process that
+    caught the old ones, a test session that builds the site, must not get one for nothing."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     try:
         module = importlib.import_module("course.lessons")
     except ImportError as exc:
         raise PluginError(f"lesson registry course.lessons cannot be imported: {exc}") from exc
-    return importlib.reload(module).LESSONS
+    mtime = Path(module.__file__).stat().st_mtime
+    if _loaded_mtime.setdefault(module.__file__, mtime) != mtime:
+        _loaded_mtime[module.__file__] = mtime
+        module = importlib.reload(module)
+    return module.LESSONS
 
 
 def lesson_page(lesson) -> Path:
