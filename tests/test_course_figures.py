@@ -121,3 +121,27 @@ def test_run_makes_what_the_cpu_can_and_says_what_it_skips():
         timeout=60,
     )
     assert listing.returncode == 2 and "no figure nope" in listing.output, listing.describe()
+
+
+def test_every_record_writer_names_the_course_version_in_its_provenance():
+    """A figure says which version of the course made it (the results page's last column)."""
+    import course
+    from course.tools import bandwidth, grading_cost, record, timeline
+    from course.tools.bench.catalogue import Settings
+    from course.tools.bench.provenance import provenance as bench_provenance
+
+    settings = Settings("cpu", 2, "resnet18", 32, 64, "fp32", False)
+    made = {
+        "bench": bench_provenance(["--device", "cpu"], settings),
+        "bandwidth": bandwidth.provenance([], "gloo", 2),
+        "timeline": timeline.provenance([], "gloo"),
+        "record": record.provenance(),
+        "grading-cost": grading_cost.provenance([]),
+    }
+    assert set(made) == set(figures.MADE_BY.values())
+    wrong = {
+        verb: p.get("course") for verb, p in made.items() if p.get("course") != course.__version__
+    }
+    assert not wrong, f"expected course {course.__version__} in every provenance, saw {wrong}"
+    grading = figures.recipe("docs/results/grading/cpu-2.json")
+    assert grading.course == course.__version__, f"the catalog read course {grading.course!r}"

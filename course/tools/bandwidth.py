@@ -30,6 +30,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from course import __version__
+
 KIND = "course-bandwidth"
 DEFAULT_SIZES = [1 << k for k in range(12, 25, 2)]  # 4 KiB .. 16 MiB
 
@@ -110,6 +112,7 @@ def provenance(argv: list[str], backend: str, world: int) -> dict:
         "nccl": "",
         "backend": backend,
         "ranks": world,
+        "course": __version__,
     }
     if backend == "nccl":
         info["device"] = torch.cuda.get_device_name(0)

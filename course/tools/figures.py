@@ -60,6 +60,7 @@ class Figure:
     machine: str
     torch: str
     cores: int = 0  # a timing on the CPU: made again only with as many cores (0: any)
+    course: str = ""  # the course's version that made it ("": made before records said)
 
     @property
     def name(self) -> str:  # docs/results/outputs/01_cpu.json -> outputs/01_cpu
@@ -126,7 +127,7 @@ def _figure(path: Path, root: Path) -> Figure:
     # timings (one thread per process, checked on any machine by the test suite).
     cores = int(prov.get("cpus") or 0) if not gpus and verb in CPU_TIMINGS else 0
     date, torch = prov.get("date", ""), prov.get("torch", "")
-    return Figure(record, verb, command, gpus, date, machine, torch, cores)
+    return Figure(record, verb, command, gpus, date, machine, torch, cores, prov.get("course", ""))
 
 
 def candidates(root: Path = REPO_ROOT) -> list[Path]:
@@ -161,8 +162,9 @@ def visible_gpus() -> int:
 
 
 def _table(figures: list[Figure]) -> str:
-    rows = [("figure", "made by", "needs", "date", "machine", "torch")]
-    rows += [(f.name, f.verb, f.needs, f.date, f.machine, f.torch) for f in figures]
+    rows = [("figure", "made by", "needs", "date", "machine", "torch", "course")]
+    rows += [(f.name, f.verb, f.needs, f.date, f.machine, f.torch, f.course or "-")
+             for f in figures]  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
     return "\n".join(line.rstrip() for line in lines)

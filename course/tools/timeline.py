@@ -23,7 +23,7 @@ import platform
 import sys
 from pathlib import Path
 
-from course import atomic, ranks
+from course import __version__, atomic, ranks
 
 KIND = "course-timeline"
 BACKWARD, ALL_REDUCE = "backward", "all-reduce"
@@ -166,6 +166,7 @@ def provenance(argv: list[str], backend: str) -> dict:
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python -m course timeline " + " ".join(argv),
+        "course": __version__,
     }
     if backend == "nccl":
         info["device"] = f"{torch.cuda.get_device_name(0)} x2, nccl"

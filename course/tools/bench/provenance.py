@@ -10,6 +10,7 @@ import shlex
 import subprocess
 from datetime import datetime, timezone
 
+from course import __version__
 from course.tools.bench.catalogue import Settings
 
 
@@ -49,6 +50,7 @@ def provenance(argv: list[str], settings: Settings) -> dict:
         "interconnect": "",
         "cuda": torch.version.cuda or "",
         "nccl": "",
+        "course": __version__,
     }
     if settings.device == "cuda":
         names = [

@@ -201,16 +201,18 @@ def render_figures(root: Path = ROOT) -> str:
         known = figures.catalog(root)
     except figures.UnknownFigure as exc:
         raise PluginError(f"figures-table: {exc}") from exc
-    lines = ["| figure | made again by | needs | made on | machine | torch |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = ["| figure | made again by | needs | made on | machine | torch | course |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for f in known:
         command = " ".join(f.command[3:] if f.command[:3] == ("python", "-m", "course") else
                            f.command)  # fmt: skip
         lines.append(f"| `{f.name}` | `{command}` | {f.needs} | {f.date} | {f.machine} | "
-                     f"{f.torch} |")  # fmt: skip
+                     f"{f.torch} | {f.course or '-'} |")  # fmt: skip
     return "\n".join(lines) + (
         f"\n\n*{len(known)} figures, listed by `python -m course figures` from "
-        "`docs/results/`; course commands are shown without `python -m course`.*\n"
+        "`docs/results/`; course commands are shown without `python -m course`; course: "
+        "the version of the course that made it, - for a record made before records "
+        "said it.*\n"
     )
 
 
