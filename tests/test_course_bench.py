@@ -117,6 +117,48 @@ def test_lesson_08_rows_change_one_thing_each_against_the_lesson_as_it_stands(tm
     assert not {"08-compile", "08-ch4", "08-files"} & set(cpu_keys)
 
 
+def test_lesson_09_rows_time_the_handed_out_starter_against_the_fix(tmp_path):
+    """starved.py brings its own flags and model: the starter row runs lessons/ (the broken
+    loader) whatever --impl says, the fix rows --impl's with workers, every timed step
+    inside the epochs asked for, and the table and title say what was trained."""
+    from course import data
+
+    assert len(data.digits()[0]) == catalogue.STARVED_TRAIN_IMAGES
+    gpu = catalogue.Settings("cuda", 2, "resnet50", 224, 128, "off", False)
+    rows = {r.key: r for r in catalogue.plan(gpu, ["09"], window=10, warmup=2, windows=5)}
+    assert set(rows) == {"09-starved", "09-fed4", "09-fed8"}
+    impl = tmp_path / "impl"
+    (impl / "09_debugging").mkdir(parents=True)
+    (impl / "09_debugging" / "starved.py").write_text("")
+    starter = launch.command(rows["09-starved"], impl, gpu)
+    fed = launch.command(rows["09-fed8"], impl, gpu)
+    assert starter[1] == str(REPO_ROOT / "lessons" / "09_debugging" / "starved.py"), starter
+    assert fed[1] == str(impl / "09_debugging" / "starved.py"), fed
+    assert fed[fed.index("--workers") + 1] == "8" and "--workers" not in starter
+    for command in (starter, fed):
+        assert "--model" not in command and command[command.index("--device") + 1] == "cuda"
+        epochs, batch = (int(command[command.index(f) + 1]) for f in ("--epochs", "--batch-size"))
+        per_epoch = -(-catalogue.STARVED_TRAIN_IMAGES // batch)
+        assert epochs * per_epoch >= rows["09-fed8"].steps
+    cpu = catalogue.Settings("cpu", 2, "cnn", 32, 32, "off", False)
+    assert [r.key for r in catalogue.plan(cpu, ["09"], 5, 1, 3)] == ["09-starved", "09-fed4"]
+    records = [
+        {"key": "09-starved", "ok": True, "samples_per_s": 2000.0, "single": "09-starved"},
+        {"key": "09-fed4", "ok": True, "samples_per_s": 7000.0, "single": "09-starved",
+         "versus": "09-starved"},
+    ]  # fmt: skip
+    for r in records:
+        r.update(lesson="09", mode=r["key"], world_size=1, global_batch=32, step_ms=1.0)
+        r["model"] = rows["09-fed4"].model
+    launch.add_ratios(records)
+    assert records[1]["vs_base"] == 3.5 and records[1]["speedup"] == 3.5
+    doc = {"settings": {"device": "cuda", "amp": "off", "channels_last": False, "gpus": 2,
+                        "model": "resnet50", "image_size": 224, "batch_size": 128},
+           "provenance": {"device": "NVIDIA H200"}, "rows": records}  # fmt: skip
+    assert render.title(doc) == "SmallCNN, 8x8 digits, fp32, batch 32, one process on NVIDIA H200"
+    assert render.table(doc).splitlines()[0].split()[2:4] == ["x", "09-starved"]
+
+
 def test_lesson_08_ratios_divide_by_their_own_baselines():
     records = [
         {"key": "01", "ok": True, "samples_per_s": 100.0},

@@ -25,6 +25,12 @@ class Row:
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables
     single: str = "01"  # the one-device row its efficiency divides by
     versus: str | None = None  # the row its "x" ratio divides by
+    # A script with flags of its own (lesson 09's exercises), not the training flags the
+    # other rows share: `extra` is its whole command line, and it brings its own model.
+    script: str = ""  # one of the lesson's `scripts`
+    starter: bool = False  # the handed-out script of lessons/, not --impl's
+    batch: int = 0  # its per-rank batch (0: the run's --batch-size)
+    model: str = ""  # what it trains, for the record
 
     @property
     def steps(self) -> int:
@@ -89,6 +95,31 @@ def plan(
             rows.append(Row(key, "06", label, n, [*spawn, *extra], **timing))
     if "08" in chosen:
         rows += lesson_08_rows(settings, timing)
+    if "09" in chosen:
+        rows += lesson_09_rows(settings, timing)
+    return rows
+
+
+# starved.py's data: lesson 01's digits (1,438 training images), read with 0.5 ms of
+# storage latency each; its own batch of 32.
+STARVED_BATCH, STARVED_TRAIN_IMAGES = 32, 1438
+
+
+def lesson_09_rows(settings: Settings, timing: dict) -> list[Row]:
+    """Exercise 5: the starved input pipeline as handed out, and fixed. One process: every
+    rank has a loader of its own, so one shows what each waits for, whatever the GPUs."""
+    steps = (timing["warmup"] + timing["windows"]) * timing["window"]
+    epochs = -(-steps * STARVED_BATCH // STARVED_TRAIN_IMAGES)  # every timed step inside
+    own = ["--device", settings.device, "--epochs", str(epochs)]
+    own += ["--batch-size", str(STARVED_BATCH)]
+    mine = dict(script="starved.py", batch=STARVED_BATCH, model="SmallCNN, 8x8 digits",
+                single="09-starved", **timing)  # fmt: skip
+    rows = [Row("09-starved", "09", "starved.py as handed out", 1, own, starter=True, **mine)]
+    # The fix with its default 4 workers; on a GPU, whose step is shorter than 4 workers'
+    # reading of a batch (the page's sum), also with 8.
+    for n in ("4", "8") if settings.device == "cuda" else ("4",):
+        label, extra = f"starved.py fixed, {n} loader workers", [*own, "--workers", n]
+        rows.append(Row(f"09-fed{n}", "09", label, 1, extra, versus="09-starved", **mine))
     return rows
 
 

@@ -19,9 +19,12 @@ def command(row: Row, impl: Path, settings: Settings, files: str | Path | None =
 
     files: the image folder (course.data.make_image_folder) of a row with files=True."""
     lesson = lessons.get(row.lesson)
-    script = lesson.path(impl)
+    script = lesson.path(REPO_ROOT / "lessons" if row.starter else impl)
+    script = script.with_name(row.script) if row.script else script
     if not script.is_file():
         raise FileNotFoundError(f"{script}: not found (--impl {impl})")
+    if row.script:  # its own flags and model (catalogue.lesson_09_rows)
+        return [sys.executable, str(script), *row.extra]
     # One epoch holds every timed step: no evaluation or epoch boundary inside a window.
     data = str(files) if row.files else f"synthetic:{images_needed(row, settings)}"
     args = ["--data", data, "--image-size", str(settings.image_size)]
@@ -77,8 +80,10 @@ def measure(
     as in a new shell, even when the caller (the grader, say) has set them.
     """
     args = command(row, impl, settings, files)
-    global_batch = settings.batch_size * row.world * row.accumulate
+    global_batch = (row.batch or settings.batch_size) * row.world * row.accumulate
     record = {"key": row.key, "lesson": row.lesson, "mode": row.label, "world_size": row.world}
+    if row.model:
+        record["model"] = row.model
     record.update(global_batch=global_batch, window_steps=row.window, warmup_windows=row.warmup)
     if row.single != "01":
         record["single"] = row.single

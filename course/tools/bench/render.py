@@ -20,6 +20,13 @@ def title(doc: dict) -> str:
         f"{s['gpus']}x {p['device']}" if s["device"] == "cuda" else f"CPU, {s['gpus']} gloo ranks"
     )
     size = f"{s['image_size']}x{s['image_size']}"
+    own = {r.get("model") for r in doc["rows"]}
+    if doc["rows"] and len(own) == 1 and None not in own:  # rows that bring their own model
+        first = doc["rows"][0]
+        batch, world = first["global_batch"] // first["world_size"], first["world_size"]
+        on = p["device"] if s["device"] == "cuda" else "the CPU"
+        processes = f"{world} processes" if world > 1 else "one process"
+        return f"{own.pop()}, {precision}, batch {batch}, {processes} on {on}"
     return f"{s['model']} {size}, {precision}{layout}, batch {s['batch_size']} per GPU, {where}"
 
 
@@ -45,8 +52,8 @@ def table(doc: dict, markdown: bool = False) -> str:
             lines[-1].insert(2, f"{r['vs_base']:.3f}" if "vs_base" in r else "")
     if versus:
         head.insert(2, "step / DDP's")
-    if bases:
-        head.insert(2, f"x {bases[0]}")
+    if bases:  # one base (lesson 08's, 09's) names the column; several: each row's own
+        head.insert(2, f"x {bases[0]}" if len(set(bases)) == 1 else "x its base")
     if markdown:
         rule = "|---|---|" + "--:|" * (len(head) - 2)
         rows = ["| " + " | ".join(cells) + " |" for cells in [head, *lines]]
