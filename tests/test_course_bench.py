@@ -143,20 +143,24 @@ def test_lesson_09_rows_time_the_handed_out_starter_against_the_fix(tmp_path):
     cpu = catalogue.Settings("cpu", 2, "cnn", 32, 32, "off", False)
     assert [r.key for r in catalogue.plan(cpu, ["09"], 5, 1, 3)] == ["09-starved", "09-fed4"]
     records = [
-        {"key": "09-starved", "ok": True, "samples_per_s": 2000.0, "single": "09-starved"},
-        {"key": "09-fed4", "ok": True, "samples_per_s": 7000.0, "single": "09-starved",
-         "versus": "09-starved"},
+        {"key": "09-starved", "ok": True, "samples_per_s": 2000.0, "single": ""},
+        {"key": "09-fed4", "ok": True, "samples_per_s": 7000.0, "single": "",
+         "versus": "09-starved", "window_samples_per_s": [6000.0, 7000.0]},
     ]  # fmt: skip
     for r in records:
         r.update(lesson="09", mode=r["key"], world_size=1, global_batch=32, step_ms=1.0)
         r["model"] = rows["09-fed4"].model
     launch.add_ratios(records)
-    assert records[1]["vs_base"] == 3.5 and records[1]["speedup"] == 3.5
+    assert records[1]["vs_base"] == 3.5
+    assert not {"speedup", "efficiency"} & {*records[0], *records[1]}, "one process: no scaling"
     doc = {"settings": {"device": "cuda", "amp": "off", "channels_last": False, "gpus": 2,
                         "model": "resnet50", "image_size": 224, "batch_size": 128},
            "provenance": {"device": "NVIDIA H200"}, "rows": records}  # fmt: skip
     assert render.title(doc) == "SmallCNN, 8x8 digits, fp32, batch 32, one process on NVIDIA H200"
     assert render.table(doc).splitlines()[0].split()[2:4] == ["x", "09-starved"]
+    pytest.importorskip("matplotlib")
+    svg = render.plot([doc], fmt="svg").decode()
+    assert "Throughput" in svg and "Scaling efficiency" not in svg
 
 
 def test_lesson_08_ratios_divide_by_their_own_baselines():

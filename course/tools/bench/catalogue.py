@@ -23,7 +23,7 @@ class Row:
     speed: tuple[str, bool] | None = None  # (amp, channels_last) instead of the run's
     files: bool = False  # images decoded from files instead of tensors on the GPU
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables
-    single: str = "01"  # the one-device row its efficiency divides by
+    single: str = "01"  # the one-device row its efficiency divides by ("": none)
     versus: str | None = None  # the row its "x" ratio divides by
     # A script with flags of its own (lesson 09's exercises), not the training flags the
     # other rows share: `extra` is its whole command line, and it brings its own model.
@@ -113,7 +113,7 @@ def lesson_09_rows(settings: Settings, timing: dict) -> list[Row]:
     own = ["--device", settings.device, "--epochs", str(epochs)]
     own += ["--batch-size", str(STARVED_BATCH)]
     mine = dict(script="starved.py", batch=STARVED_BATCH, model="SmallCNN, 8x8 digits",
-                single="09-starved", **timing)  # fmt: skip
+                single="", **timing)  # fmt: skip  # one process: no scaling to report
     rows = [Row("09-starved", "09", "starved.py as handed out", 1, own, starter=True, **mine)]
     # The fix with its default 4 workers; on a GPU, whose step is shorter than 4 workers'
     # reading of a batch (the page's sum), also with 8.

@@ -106,11 +106,14 @@ def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> 
         for d in docs
         for r in d["rows"]
     }
-    pkeys = [key for key in keys if not key.startswith("01")]  # efficiency: parallel rows
+    scaled = {r["key"] for d in docs for r in d["rows"] if "efficiency" in r}
+    pkeys = [key for key in keys if not key.startswith("01") and key in scaled]  # parallel rows
     many = len(keys) > 8  # lesson 08's variants: slanted labels, a wider figure
     size = (max(14, 1.5 * len(keys) + 4), 5.6 + 1.2 * many)
     with plt.rc_context({"font.size": TEXT_PT, "svg.fonttype": "none"}):
-        fig, (left, right) = plt.subplots(1, 2, figsize=size)
+        # No row that scales (lesson 09's one process against itself): throughput alone.
+        fig, axes = plt.subplots(1, 2 if pkeys else 1, figsize=size if pkeys else (8, size[1]))
+        left, right = (axes[0], axes[1]) if pkeys else (axes, None)
         width = 0.8 / max(len(docs), 1)
         offset = (len(docs) - 1) * width / 2  # from a group's first bar to its centre
         for i, doc in enumerate(docs):
@@ -124,6 +127,8 @@ def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> 
                 windows = rows[key].get("window_samples_per_s") or []
                 left.plot([x] * len(windows), windows, "o", ms=3, color="black", alpha=0.6)
             shown = [key for key in pkeys if key in rows and "efficiency" in rows[key]]
+            if right is None:
+                continue
             bars = right.bar(
                 [pkeys.index(k) + i * width for k in shown],
                 [rows[k]["efficiency"] for k in shown],
@@ -135,13 +140,14 @@ def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> 
         left.set_ylabel("images / s (bar: median window; dots: every window)")
         left.set_title("Throughput")
         left.margins(y=0.12)
-        right.set_xticks(
-            [k + offset for k in range(len(pkeys))], [labels[k] for k in pkeys], **slant
-        )
-        right.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-        right.set_ylim(0, 1.15)
-        right.set_ylabel("throughput / (GPUs x one device)")
-        right.set_title("Scaling efficiency")
+        if right is not None:
+            right.set_xticks(
+                [k + offset for k in range(len(pkeys))], [labels[k] for k in pkeys], **slant
+            )
+            right.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+            right.set_ylim(0, 1.15)
+            right.set_ylabel("throughput / (GPUs x one device)")
+            right.set_title("Scaling efficiency")
         fig.legend(loc="lower center", ncol=max(len(docs), 1), frameon=False)
         fig.tight_layout(rect=(0, 0.07, 1, 1))
         buffer = io.BytesIO()
@@ -157,7 +163,8 @@ def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> 
 def plot_html(docs: list[dict]) -> str:
     """The plot as an inline SVG image, for the course site (course.css recolours it dark)."""
     data = base64.b64encode(plot(docs, fmt="svg")).decode()
-    alt = "Throughput (median and every window) and scaling efficiency"
+    scales = any("efficiency" in r for doc in docs for r in doc["rows"])
+    alt = "Throughput (median and every window)" + (" and scaling efficiency" if scales else "")
     return f'<img class="course-plot" alt="{alt}" src="data:image/svg+xml;base64,{data}">'
 
 
