@@ -54,6 +54,10 @@ def table(doc: dict, markdown: bool = False) -> str:
         head.insert(2, "step / DDP's")
     if bases:  # one base (lesson 08's, 09's) names the column; several: each row's own
         head.insert(2, f"x {bases[0]}" if len(set(bases)) == 1 else "x its base")
+    if not any("speedup" in r for r in doc["rows"]):  # no row scales (lesson 09's): no columns
+        gone = {head.index("speed-up"), head.index("efficiency")}
+        head = [h for i, h in enumerate(head) if i not in gone]
+        lines = [[c for i, c in enumerate(cells) if i not in gone] for cells in lines]
     if markdown:
         rule = "|---|---|" + "--:|" * (len(head) - 2)
         rows = ["| " + " | ".join(cells) + " |" for cells in [head, *lines]]
