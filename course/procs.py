@@ -14,6 +14,7 @@ into the others' state.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from course import REPO_ROOT
+from course import REPO_ROOT, warmstart
 
 SITE_DIR = Path(__file__).parent / "probes" / "_site"
 
@@ -301,6 +302,8 @@ def child_env(
     # The caller's pytest options (a --junitxml for the suite, say) are not the grade's:
     # a nested grading gets only the options its command line gives.
     env.pop("PYTEST_ADDOPTS", None)
+    env.pop(warmstart.SOCKET_ENV, None)  # `run` gives a launch its own zygote, or none
+    env.pop(warmstart.LAUNCH_ENV, None)
     for key in [key for key in env if key.startswith("PYTEST_XDIST_")]:
         del env[key]  # a child is never the suite's xdist worker (see can_fork)
     # The lesson scripts import `course`; make that work for a student folder
@@ -378,6 +381,11 @@ def run(
         after_import *= timeout_scale()
         ready_file = Path(tempfile.mkdtemp(prefix="course-ready-")) / "ready"
         extra[READY_ENV] = str(ready_file)
+    env = child_env(extra, one_thread, course_root)
+    warm = _zygotes.socket_for(env)
+    if warm is not None:  # its Python processes start with torch imported (course/warmstart.py)
+        env[warmstart.SOCKET_ENV] = warm
+        env[warmstart.LAUNCH_ENV] = launch = os.urandom(8).hex()
     start, started = time.monotonic(), time.time()
     user = child_user(cwd, log_dir, ready_file and ready_file.parent)
     # A file, not a pipe: a chatty child can never block on a full pipe buffer.
@@ -388,7 +396,7 @@ def run(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=cwd,
-            env=child_env(extra, one_thread, course_root),
+            env=env,
             start_new_session=True,
             **user,
         )
@@ -429,6 +437,8 @@ def run(
             # Also on success: a rank or worker that outlived its launcher is an orphan.
             kill_group(pgid)
             proc.wait()
+            if warm is not None:  # the clients are gone; their children too, by now
+                warmstart.drain(warm, launch)
         out.seek(0)
         output = out.read().decode(errors="replace")
         if stopped:
@@ -456,6 +466,65 @@ def run(
         ready=ready,
         after_import=after_import,
     )
+
+
+class _Zygotes:
+    """This process's zygotes (course/warmstart.py), one per environment (warmstart.key):
+    each started at the first launch that needs it, and ended when this process ends."""
+
+    MOST = 4  # launches with yet another environment start cold
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.owner, self.running = None, {}  # key -> (Popen, socket path)
+
+    def socket_for(self, env: dict[str, str]) -> str | None:
+        """The socket of the zygote for a launch with environment `env`, or None (cold)."""
+        if not warmstart.allowed(env):
+            return None
+        key = json.dumps(warmstart.key(env))
+        with self.lock:
+            if self.owner != os.getpid():  # the zygotes of a fork's parent are not ours
+                self.owner, self.running = os.getpid(), {}
+            if key not in self.running:
+                if len(self.running) >= self.MOST:
+                    return None
+                self.running[key] = self.start(warmstart.key(env))
+            proc, path = self.running[key]
+            deadline = time.monotonic() + 120 * timeout_scale()
+            while proc is not None and not os.path.exists(path):  # the first launch waits
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    self.running[key] = proc, path = None, path  # for good: cold from now
+                time.sleep(0.05)
+            return path if proc is not None and proc.poll() is None else None
+
+    @staticmethod
+    def start(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+        import atexit
+
+        folder = tempfile.mkdtemp(prefix="course-warm-")
+        path = os.path.join(folder, "zygote")
+        with open(os.path.join(folder, "zygote.log"), "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "course.warmstart", path],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd=folder, env=env, start_new_session=True,
+            )  # fmt: skip
+        atexit.register(_Zygotes.stop, proc, folder)
+        return proc, path
+
+    @staticmethod
+    def stop(proc: subprocess.Popen, folder: str) -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+_zygotes = _Zygotes()
 
 
 def _ready_at(path: Path, started: float) -> float | None:

@@ -20,7 +20,7 @@ import platform
 import re
 from pathlib import Path
 
-from course import REPO_ROOT, atomic, procs
+from course import REPO_ROOT, atomic, procs, warmstart
 from course.tools.recordings import RECORDINGS, Recording
 
 FOLDER = REPO_ROOT / "docs" / "results" / "outputs"
@@ -116,6 +116,8 @@ def run(recording: Recording, cwd: Path) -> procs.RunResult:
     progress bars."""
     launch = procs.run_torchrun if recording.torchrun else procs.run
     env = {**PINNED_ENV, **dict(recording.env)}
+    if recording.stacks:
+        env[warmstart.SWITCH_ENV] = "0"
     if recording.before:  # what the recorded command starts from, in the same folder
         first = procs.run(args=recording.before_command(), timeout=180, cwd=cwd, env=env)
         if not first.ok:

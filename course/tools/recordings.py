@@ -37,6 +37,12 @@ class Recording:
     # kept: what the recorded command starts from (a checkpoint to resume, say).
     before: tuple[str, ...] = ()
 
+    @property
+    def stacks(self) -> bool:
+        """Its output shows call stacks (py-spy's, faulthandler's): those of a process
+        started warm would show the zygote's frames too (course/warmstart.py)."""
+        return self.spy or bool(self.keep and "File" in self.keep)
+
     def before_command(self) -> list[str]:
         return [*self.command()[: -len(self.args) or None], *self.before]
 

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from course import warmstart
+
 FRAME = re.compile(r"^\s+(\S.*) \((.+):(\d+)\)$")
 RANK = re.compile(r"^\s+rank: (\d+)$", re.M)
 # Frames of the launcher's plumbing, not the script's: left out of what is printed.
@@ -108,6 +110,12 @@ def unavailable() -> str | None:
     return None
 
 
+def cold_env() -> dict[str, str]:
+    """This environment, for a job whose every process starts cold: py-spy must find the
+    ranks among the job's processes, not in a zygote's children (course/warmstart.py)."""
+    return {k: v for k, v in os.environ.items() if k != warmstart.SOCKET_ENV}
+
+
 def spy(args) -> int:
     if py_spy() is None:
         raise FileNotFoundError("py-spy is not installed (pip install py-spy)")
@@ -117,6 +125,7 @@ def spy(args) -> int:
         job = subprocess.Popen(
             [sys.executable, args.script, *args.args],
             stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+            env=cold_env(),
         )  # fmt: skip
         try:
             deadline, before = time.monotonic() + args.wait, None
