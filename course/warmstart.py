@@ -223,8 +223,9 @@ def _program(argv: list[str]):
     return None
 
 
-def _refusal(request: dict) -> str | None:
-    program = _program(request["argv"])
+def cold_reason(argv: list[str]) -> str | None:
+    """Why a command line starts cold whatever its environment, or None."""
+    program = _program(argv)
     if program is None:
         return "not a script, -m or -c"
     kind, what, _ = program
@@ -232,6 +233,13 @@ def _refusal(request: dict) -> str | None:
         kind == "script" and os.path.basename(what) in COLD_MODULES  # their console scripts
     ):
         return "the course's tools and pytest start cold"
+    return None
+
+
+def _refusal(request: dict) -> str | None:
+    why = cold_reason(request["argv"])
+    if why is not None:
+        return why
     if request["flags"] != list(sys.flags) or request["xoptions"] != sys._xoptions:
         return "other interpreter flags"
     if request["warnoptions"] != sys.warnoptions:
@@ -337,6 +345,7 @@ def _serve_one(conn: socket.socket, request: dict | None, fds: list[int]) -> int
     """Fork the child that runs `request`; its pid, or None (refused, and told why)."""
     why = "no request" if request is None else _refusal(request)
     if why is not None:
+        print(f"started cold: {' '.join(request['argv'])[-200:] if request else ''}: {why}")
         for fd in fds:
             os.close(fd)
         _reply(conn, {"pid": None, "why": why})
@@ -512,7 +521,7 @@ def _exit_code(err: SystemExit) -> int:
 def _print_exception() -> None:
     """The traceback without the frames of this module and runpy (not the program's)."""
     kind, value, tb = sys.exc_info()
-    ours = (__file__, getattr(sys.modules.get("runpy"), "__file__", None))
+    ours = (__file__, "<frozen runpy>", getattr(sys.modules.get("runpy"), "__file__", None))
     while tb is not None and tb.tb_frame.f_code.co_filename in ours:
         tb = tb.tb_next
     sys.excepthook(kind, value.with_traceback(tb), tb)
