@@ -4,7 +4,7 @@ It holds what every lesson shares, the grader, the probes and the tools, so
 that a lesson file can stay about its one idea. The folders are the concerns;
 where a new helper goes:
 
-  course/            what the lessons import, and the two modules every other folder
+  course/            what the lessons import, and the modules every other folder
                      stands on. Imports nothing from grader/, probes/ or tools/.
     options          the command line every lesson shares
     data             data sets, loaders, the resumable sampler
@@ -16,6 +16,7 @@ where a new helper goes:
     runtime          seeding, device choice, one-line errors
     lessons          the registry: each lesson's number, folder, script, launcher
     procs            processes with deadlines: launch, kill the group, collect rank logs
+    warmstart        a launch's Python processes forked from a zygote that imported torch
 
   course/grader/     everything that grades a submission (python -m course grade)
     plugin           the pytest plugin: points, markers, fail-fast, table, JSON

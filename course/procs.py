@@ -382,7 +382,9 @@ def run(
         ready_file = Path(tempfile.mkdtemp(prefix="course-ready-")) / "ready"
         extra[READY_ENV] = str(ready_file)
     env = child_env(extra, one_thread, course_root)
-    warm = _zygotes.socket_for(env)
+    # Warm only for the grader's one-thread launches: `course run` and `course bench`
+    # start a lesson as a student's shell would.
+    warm = _zygotes.socket_for(env) if one_thread else None
     if warm is not None:  # its Python processes start with torch imported (course/warmstart.py)
         env[warmstart.SOCKET_ENV] = warm
         env[warmstart.LAUNCH_ENV] = launch = os.urandom(8).hex()
@@ -513,18 +515,118 @@ class _Zygotes:
         atexit.register(_Zygotes.stop, proc, folder)
         return proc, path
 
+    def fork(self, env: dict[str, str]) -> None:
+        """Make a fork of this process the zygote for launches with environment `env`:
+        a process that imported torch already (a warm grading) starts it in milliseconds.
+        Only where can_fork()."""
+        import atexit
+
+        key = json.dumps(warmstart.key(env))
+        folder = tempfile.mkdtemp(prefix="course-warm-")
+        path = os.path.join(folder, "zygote")
+        log = os.open(os.path.join(folder, "zygote.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the zygote, in a session of its own, with nothing of ours open
+            try:
+                os.setsid()
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+                sys.stdout = open(1, "w", buffering=1, closefd=False)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(signum, signal.SIG_DFL)
+                os.environ.clear()
+                os.environ.update(warmstart.key(env))
+                warmstart.serve(path)
+            finally:
+                os._exit(0)
+        os.close(log)
+        with self.lock:
+            self.owner, self.running = os.getpid(), {key: (_Forked(pid), path)}
+        atexit.register(_Zygotes.stop, self.running[key][0], folder)
+
     @staticmethod
     def stop(proc: subprocess.Popen, folder: str) -> None:
+        """SIGTERM: the zygote kills its children and exits; SIGKILL after 5 s."""
         if proc.poll() is None:
             proc.terminate()
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+    def stop_all(self) -> None:
+        with self.lock:
+            if self.owner == os.getpid():
+                for proc, path in self.running.values():
+                    if proc is not None:
+                        self.stop(proc, os.path.dirname(path))
+            self.running = {}
+
+
+class _Forked:
+    """The part of Popen's interface that _Zygotes uses, for a child made by os.fork."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                done, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else (a subreaper's sweep)
+                done, status = self.pid, 0
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, signum: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
 
 
 _zygotes = _Zygotes()
+
+
+def fork_zygote() -> bool:
+    """Make a fork of this process its zygote (course/warmstart.py) for the launches it
+    will make with the course's usual environment: for a process that imported torch
+    already, in a single thread (a grading forked by course.grader.warm). False where it
+    cannot (then the first launch starts one the ordinary way)."""
+    env = child_env()
+    if not (can_fork() and warmstart.allowed(env)):
+        return False
+    _zygotes.fork(env)
+    return True
+
+
+def stop_zygotes() -> None:
+    """End this process's zygotes and their children now (a grading's end: also where
+    the process ends by os._exit, and its atexit handlers do not run)."""
+    _zygotes.stop_all()
 
 
 def _ready_at(path: Path, started: float) -> float | None:

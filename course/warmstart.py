@@ -264,6 +264,9 @@ def serve(path: str) -> None:
             importlib.import_module(name)
         except ImportError:
             pass
+    if len(os.listdir("/proc/self/task")) != 1:  # the imports started threads (OpenMP,
+        print("started threads while importing: serves nobody")  # OpenBLAS): never fork
+        return
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".tmp")
@@ -323,6 +326,11 @@ def serve(path: str) -> None:
     for pid in children:
         _kill(pid)
     listener.close()
+    folder = os.path.dirname(path)
+    if os.path.basename(folder).startswith("course-warm-"):  # procs made it for us alone
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _reply(conn: socket.socket, message: dict) -> None:

@@ -477,6 +477,7 @@ class GradeBook:
     def pytest_sessionfinish(self, session):
         yield  # after every other plugin's session end (xdist stops its workers there)
         # Nothing a submission started may outlive the grading and touch the file.
+        procs.stop_zygotes()  # course/warmstart.py: they end their children themselves
         procs.kill_descendants()
         if self.path:
             self.write()

@@ -40,6 +40,9 @@ PRELOAD = (
     "pytest",
     "torch",
     "torch.distributed",
+    "torch._dynamo",  # for the gradings' zygotes (procs.fork_zygote): 3 s each, else
+    "torch.multiprocessing",
+    "torch.utils.data",
     "course.grader.calls",
     "course.checkpoint",
     "course.grader.judge",
@@ -56,7 +59,6 @@ def serve() -> None:
 
     for name in PRELOAD:
         importlib.import_module(name)
-    import pytest
 
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     for line in sys.stdin:
@@ -66,11 +68,21 @@ def serve() -> None:
         pid = os.fork()
         if pid == 0:
             sys.argv = ["pytest", *job["args"]]
-            procs._child_exit(functools.partial(pytest.main, job["args"]), out, job["cwd"])
+            procs._child_exit(functools.partial(_grade, job["args"]), out, job["cwd"])
         os.close(out)
         replies.write(json.dumps({"pid": pid}) + "\n")
         status = os.waitpid(pid, 0)[1]
         replies.write(json.dumps({"pid": pid, "status": status}) + "\n")
+
+
+def _grade(args: list[str]) -> int:
+    """One grading, in a fork of the server. Its launches' Python processes are forks of
+    a zygote (course/warmstart.py) that is itself a fork of this process, made before
+    pytest starts: torch and torch._dynamo imported already, and nothing of pytest's run."""
+    import pytest
+
+    procs.fork_zygote()
+    return pytest.main(args)
 
 
 class Server:
