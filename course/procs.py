@@ -441,6 +441,7 @@ def run(
             proc.wait()
             if warm is not None:  # the clients are gone; their children too, by now
                 warmstart.drain(warm, launch)
+                _zygotes.release(warm)
         out.seek(0)
         output = out.read().decode(errors="replace")
         if stopped:
@@ -474,31 +475,48 @@ class _Zygotes:
     """This process's zygotes (course/warmstart.py), one per environment (warmstart.key):
     each started at the first launch that needs it, and ended when this process ends."""
 
-    MOST = 4  # launches with yet another environment start cold
+    # At most this many at once (each holds torch in memory, about 0.4 GB): a launch with
+    # yet another environment ends the one used least recently, unless every one is in use.
+    MOST = 4
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.owner, self.running = None, {}  # key -> (Popen, socket path)
+        self.owner, self.running = None, {}  # key -> (Popen, socket path), oldest use first
+        self.busy: dict[str, int] = {}  # socket path -> launches using it now
 
     def socket_for(self, env: dict[str, str]) -> str | None:
-        """The socket of the zygote for a launch with environment `env`, or None (cold)."""
+        """The socket of the zygote for a launch with environment `env`, or None (cold).
+        A socket returned is in use until release(socket)."""
         if not warmstart.allowed(env):
             return None
         key = json.dumps(warmstart.key(env))
         with self.lock:
             if self.owner != os.getpid():  # the zygotes of a fork's parent are not ours
-                self.owner, self.running = os.getpid(), {}
+                self.owner, self.running, self.busy = os.getpid(), {}, {}
             if key not in self.running:
-                if len(self.running) >= self.MOST:
+                idle = [k for k, (_, path) in self.running.items() if not self.busy.get(path)]
+                if len(self.running) >= self.MOST and not idle:
                     return None
+                if len(self.running) >= self.MOST:
+                    proc, path = self.running.pop(idle[0])
+                    if proc is not None:
+                        self.stop(proc, os.path.dirname(path))
                 self.running[key] = self.start(warmstart.key(env))
+            self.running[key] = self.running.pop(key)  # the most recently used, last
             proc, path = self.running[key]
             deadline = time.monotonic() + 120 * timeout_scale()
             while proc is not None and not os.path.exists(path):  # the first launch waits
                 if proc.poll() is not None or time.monotonic() > deadline:
                     self.running[key] = proc, path = None, path  # for good: cold from now
                 time.sleep(0.05)
-            return path if proc is not None and proc.poll() is None else None
+            if proc is None or proc.poll() is not None:
+                return None
+            self.busy[path] = self.busy.get(path, 0) + 1
+            return path
+
+    def release(self, path: str) -> None:
+        with self.lock:
+            self.busy[path] = max(0, self.busy.get(path, 0) - 1)
 
     @staticmethod
     def start(env: dict[str, str]) -> tuple[subprocess.Popen, str]:

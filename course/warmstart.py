@@ -150,10 +150,17 @@ def hand_off() -> None:
     }
     try:
         _send(sock, request, fds)
-        reply = _receive(sock)
-    except (OSError, ValueError):
+    except OSError:  # not sent whole: the zygote forks nothing
         sock.close()
         return
+    # Sent: from now on only the zygote's answer says whether a child runs the program, so
+    # no deadline here (the launch's own deadline bounds it). No answer at all means the
+    # zygote died, and a child it had made died with it (PR_SET_PDEATHSIG).
+    sock.settimeout(None)
+    try:
+        reply = _receive(sock)
+    except (OSError, ValueError):
+        reply = None
     if not reply or not reply.get("pid"):
         sock.close()
         return  # not served: start cold
@@ -358,11 +365,12 @@ def _serve_one(conn: socket.socket, request: dict | None, fds: list[int]) -> int
             os.close(fd)
         _reply(conn, {"pid": None, "why": why})
         return None
+    zygote = os.getpid()
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            code = _child(request, fds)
+            code = _child(request, fds, zygote)
         except BaseException:  # noqa: BLE001 - a child never returns into the zygote
             import traceback
 
@@ -394,13 +402,15 @@ def drain(path: str, launch: str, timeout: float = 30) -> int | None:
     return None if reply is None else reply.get("drained")
 
 
-def _child(request: dict, fds: list[int]) -> int:
+def _child(request: dict, fds: list[int], zygote: int) -> int:
     """In the fork: become the client's program, run it, return its exit code."""
     import ctypes
     import resource
 
     os.setsid()
     ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the zygote
+    if os.getppid() != zygote:  # it died before the line above
+        return 1
     for signum in (*FORWARDED, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -43,7 +43,8 @@ def test_after_import_counts_from_the_end_of_import_torch(tmp_path):
     loaded machine's real import would, so the test itself imports nothing heavy."""
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text("import time\ntime.sleep(2)\n")
-    env = {"PYTHONPATH": str(tmp_path)}
+    # Cold: a warm start (course/warmstart.py) would find torch imported already.
+    env = {"PYTHONPATH": str(tmp_path), "COURSE_WARM_START": "0"}
     quick = "import time, torch; time.sleep(0.5); print('done')"
     result = procs.run([sys.executable, "-c", quick], timeout=60, after_import=1.5, env=env)
     assert result.ok, result.describe()  # 2.5 s in all, but 0.5 s after the import

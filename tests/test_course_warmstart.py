@@ -59,10 +59,12 @@ def test_a_warm_process_sees_what_a_fresh_one_sees(tmp_path):
     )
 
 
-def test_what_torch_reads_at_import_is_the_launchs_own(tmp_path):
+def test_what_torch_reads_at_import_is_the_launchs_own(tmp_path, monkeypatch):
     """torch reads TORCH_DISTRIBUTED_DEBUG and the thread counts when imported: a launch
     that sets them gets them, from a zygote started with its environment or cold (a
-    zygote whose imports started threads serves nobody: a fork would copy them)."""
+    zygote whose imports started threads serves nobody: a fork would copy them). With
+    room for one zygote, each new environment ends the idle one before."""
+    monkeypatch.setattr(procs._Zygotes, "MOST", 1)
     path = script(tmp_path, ECHO)
     warm, cold = both(path, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, cwd=tmp_path)
     assert warm.output.splitlines()[0] == "warm", warm.describe()
@@ -72,6 +74,7 @@ def test_what_torch_reads_at_import_is_the_launchs_own(tmp_path):
     warm, cold = both(path, env=threads, cwd=tmp_path)
     assert f"{min(2, os.cpu_count())} DebugLevel.OFF" in warm.output.splitlines(), warm.output
     assert warm.output.splitlines()[1:] == cold.output.splitlines()[1:]
+    assert len(procs._zygotes.running) == 1, procs._zygotes.running
 
 
 def test_a_crash_and_a_signal_end_a_warm_process_as_they_end_a_cold_one(tmp_path):
