@@ -493,14 +493,15 @@ class _Zygotes:
         with self.lock:
             if self.owner != os.getpid():  # the zygotes of a fork's parent are not ours
                 self.owner, self.running, self.busy = os.getpid(), {}, {}
-            if key not in self.running:
-                idle = [k for k, (_, path) in self.running.items() if not self.busy.get(path)]
-                if len(self.running) >= self.MOST and not idle:
+            if key not in self.running:  # (an entry whose zygote failed stays: cold, for good)
+                live = [k for k, (proc, _) in self.running.items() if proc is not None]
+                idle = [k for k in live if not self.busy.get(self.running[k][1])]
+                while len(live) >= self.MOST and idle:
+                    live.remove(idle[0])
+                    proc, path = self.running.pop(idle.pop(0))
+                    self.stop(proc, os.path.dirname(path))
+                if len(live) >= self.MOST:
                     return None
-                if len(self.running) >= self.MOST:
-                    proc, path = self.running.pop(idle[0])
-                    if proc is not None:
-                        self.stop(proc, os.path.dirname(path))
                 self.running[key] = self.start(warmstart.key(env))
             self.running[key] = self.running.pop(key)  # the most recently used, last
             proc, path = self.running[key]
