@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import sys
 
 import pytest
 
@@ -22,6 +24,32 @@ def test_omp_num_threads_wins(monkeypatch):
     assert cpu_share(2) == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "not a number")
     assert cpu_share(1) == len(os.sched_getaffinity(0))
+
+
+class _Writes(io.RawIOBase):
+    """A raw stream that keeps each write apart, as a pipe's write(2) calls are."""
+
+    def __init__(self):
+        self.calls: list[bytes] = []
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        self.calls.append(bytes(b))
+        return len(b)
+
+
+def test_say_writes_whole_lines_at_once_where_print_splits_them(monkeypatch):
+    from course import ranks
+
+    raw = _Writes()  # stdout as a launch makes it: PYTHONUNBUFFERED, the text layer writes through
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, write_through=True))
+    print("stage 0: a line", flush=True)
+    assert raw.calls == [b"stage 0: a line", b"\n"]  # the splice ranks can make, if print did it
+    raw.calls.clear()
+    ranks.say("stage 1: one", "stage 1: two")
+    assert raw.calls == [b"stage 1: one\nstage 1: two\n"]
 
 
 def test_backend_and_world_size_without_gpus(monkeypatch):

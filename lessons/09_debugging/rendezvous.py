@@ -75,7 +75,7 @@ def main(argv=None):
         torch.cuda.set_device(device)
     ones = torch.ones(1, device=device)
     dist.all_reduce(ones)  # the group works: every rank adds its 1
-    print(f"rank {rank}: joined {world_size} ranks; all_reduce of ones gave {ones.item():g}")
+    ranks.say(f"rank {rank}: joined {world_size} ranks; all_reduce of ones gave {ones.item():g}")
     dist.destroy_process_group()
 
 

@@ -100,7 +100,7 @@ def run(rank: int, world: int, port: int, args, errors: str) -> None:
     ranks.join_local(rank, world, "gloo", port)
     try:
         _, steps = train(rank, world)
-        print(f"rank {rank}: {steps} steps")
+        ranks.say(f"rank {rank}: {steps} steps")
     except Exception as err:
         if not args.diagnose:
             raise

@@ -238,13 +238,15 @@ def worker(rank: int, world: int, backend: str, port: int, args) -> None:
             if args.stage_ms and step > 1:  # the first step warms up
                 bubbles.append(bubble(watched, world))
             if pipe.last and (step % 20 == 0 or step in (1, args.steps)):
-                print(f"step {step}/{args.steps}: loss {loss.item():.4f}", flush=True)
-        print(f"stage {rank}: at most {watched.most_alive} of {m} micro-batches' activations "
-              "alive", flush=True)  # fmt: skip
+                ranks.say(f"step {step}/{args.steps}: loss {loss.item():.4f}")
+        alive = f"at most {watched.most_alive} of {m} micro-batches' activations alive"
+        lines = [f"stage {rank}: {alive}"]
         if bubbles:
             theory = (world - 1) / (m + world - 1)
-            print(f"stage {rank}: bubble {statistics.median(bubbles):.3f} of the step "
-                  f"(median of {len(bubbles)}), theory (p-1)/(m+p-1) = {theory:.3f}")  # fmt: skip
+            median = statistics.median(bubbles)
+            lines.append(f"stage {rank}: bubble {median:.3f} of the step (median of "
+                         f"{len(bubbles)}), theory (p-1)/(m+p-1) = {theory:.3f}")  # fmt: skip
+        ranks.say(*lines)  # one write: the stages print at the same moment
         dist.barrier()  # leave together
     finally:
         dist.destroy_process_group()
