@@ -242,8 +242,7 @@ def worker(rank: int, world: int, backend: str, port: int, args) -> None:
         alive = f"at most {watched.most_alive} of {m} micro-batches' activations alive"
         lines = [f"stage {rank}: {alive}"]
         if bubbles:
-            theory = (world - 1) / (m + world - 1)
-            median = statistics.median(bubbles)
+            theory, median = (world - 1) / (m + world - 1), statistics.median(bubbles)
             lines.append(f"stage {rank}: bubble {median:.3f} of the step (median of "
                          f"{len(bubbles)}), theory (p-1)/(m+p-1) = {theory:.3f}")  # fmt: skip
         ranks.say(*lines)  # one write: the stages print at the same moment
