@@ -127,6 +127,7 @@ def test_run_autograder_grades_four_submissions_into_valid_results(unpacked):
         if kind == "hostile":  # else the test would pass without a cheat to defeat
             cheated = autograder / "submission" / "lessons" / FOLDER / "cheated"
             assert cheated.exists(), "the hostile code never found the results file"
+    print(f"(score, max) by submission: {scores}")  # shown by pytest -rP
     solved, possible = scores["solved"]
     assert solved == possible > 0, scores
     assert scores["unsolved"][0] < solved, scores

@@ -83,6 +83,7 @@ def test_a_class_of_three_gets_its_own_grades_whatever_one_of_them_does(tmp_path
     run = procs.run([*command, "--lessons", "00", "--jobs", "2"], timeout=240, cwd=tmp_path)
     assert run.returncode == 0, run.describe()
     assert "grading [" in run.output and "3/3" in run.output, f"no progress bar:\n{run.output}"
+    print(out.read_text())  # shown by pytest -rP: the CSV an instructor gets
     rows = {row["student"]: row for row in csv.DictReader(out.open())}
     assert sorted(rows) == ["hostile", "solved", "unsolved"], rows
     assert list(rows["solved"]) == ["student", "00", "total", "max", "status", "seconds"]
