@@ -13,6 +13,8 @@ import json
 import shutil
 import sys
 import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -229,12 +231,34 @@ if __name__ == "__main__":
 )
 
 
-def test_rank_that_never_joins_a_collective_is_killed_with_its_group(tmp_path):
-    script = tmp_path / "hang.py"
-    script.write_text(HANG)
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """The two planted hangs below, launched at once when the first of their tests asks
+    (both mostly wait: 40 s and 30 s together instead of one after the other); each test
+    waits for its own. One left running when the module ends (its test ran on another
+    xdist worker) is stopped then."""
+    stop = threading.Event()
+    scripts = {"hang": (HANG, HANG_DEADLINE_S), "barrier": (BARRIER_ON_RANK_0, BARRIER_DEADLINE_S)}
+    pool = ThreadPoolExecutor(max_workers=len(scripts))
+    futures = {}
+    for name, (text, deadline) in scripts.items():
+        folder = tmp_path_factory.mktemp(name)
+        script = folder / f"{name}.py"
+        script.write_text(text)
+        futures[name] = pool.submit(
+            procs.python, script, timeout=deadline, log_dir=folder / "ranks", cwd=folder, stop=stop
+        )
+    try:
+        yield futures
+    finally:
+        stop.set()
+        pool.shutdown(wait=True)
+
+
+def test_rank_that_never_joins_a_collective_is_killed_with_its_group(planted):
     # Long enough for both ranks to start and print on a loaded 2-core machine
     # (the lines below are asserted; HANG_DEADLINE_S); the hang itself would last an hour.
-    result = procs.python(script, timeout=HANG_DEADLINE_S, log_dir=tmp_path / "ranks", cwd=tmp_path)
+    result = planted["hang"].result()
     assert result.timed_out and not result.ok
     assert not procs.group_alive(result.pgid), "processes outlived the timeout"
     message = result.describe()
@@ -268,14 +292,10 @@ if __name__ == "__main__":
 )
 
 
-def test_a_rank_0_only_barrier_is_reported_once_before_the_deadline(tmp_path):
+def test_a_rank_0_only_barrier_is_reported_once_before_the_deadline(planted):
     """The launch's process-group timeout is half its deadline, so PyTorch names the stuck
     collective before the grader has to kill anything; the report shows both ranks and the cause."""
-    script = tmp_path / "barrier.py"
-    script.write_text(BARRIER_ON_RANK_0)
-    result = procs.python(
-        script, timeout=BARRIER_DEADLINE_S, log_dir=tmp_path / "ranks", cwd=tmp_path
-    )
+    result = planted["barrier"].result()
     assert not result.ok
     assert not procs.group_alive(result.pgid), "processes outlived the launch"
     message = result.failure()

@@ -318,6 +318,24 @@ def test_every_diagram_source_is_on_a_page_and_built(site):
         assert expected and html.count('class="mermaid"') == expected, f"{built}: diagrams missing"
 
 
+def test_only_pages_with_a_diagram_load_mermaid(site):
+    """mermaid (2.7 MB) is loaded by the pages that draw a diagram, and by no other."""
+    with_diagrams, without = [], []
+    for page in site.path.rglob("*.html"):
+        parser = _Assets()
+        html = page.read_text(encoding="utf-8")
+        parser.feed(html)
+        loads = [url for url in parser.urls if "mermaid" in url]
+        if 'class="mermaid"' in html:
+            with_diagrams.append(page)
+            assert len(loads) == 2, f"{page}: draws diagrams but loads {loads or 'no mermaid'}"
+        else:
+            without.append(page)
+            assert not loads, f"{page}: has no diagram but loads {loads}"
+    lessons = {p.parent.name for p in with_diagrams if p.parent.parent.name == "lessons"}
+    assert "04_torchrun" in lessons and len(without) >= 5, (sorted(lessons), len(without))
+
+
 class _Assets(HTMLParser):
     def __init__(self):
         super().__init__()

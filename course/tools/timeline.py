@@ -23,7 +23,7 @@ import platform
 import sys
 from pathlib import Path
 
-from course import __version__, atomic, ranks
+from course import __version__, atomic
 
 KIND = "course-timeline"
 BACKWARD, ALL_REDUCE = "backward", "all-reduce"
@@ -33,6 +33,8 @@ def _worker(rank: int, port: int, args, out: str) -> None:
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
+
+    from course import ranks
 
     device = ranks.join_local(rank, 2, args.backend, port)
     torch.set_num_threads(1)  # each rank its share of a small machine
@@ -193,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     import torch.multiprocessing as mp
+
+    from course import ranks  # torch and torch._dynamo: not for render() and load()
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)

@@ -42,7 +42,8 @@ and it is left alone inside a fenced code block:
     quotes one figure of one row of a record (``08.efficiency``, say).
 
 The hook also puts a copy of mermaid, taken from an installed Python package,
-into the site so that diagrams render with no network.
+into the site so that diagrams render with no network, and loads it only on the
+pages that have a diagram.
 """
 
 from __future__ import annotations
@@ -174,3 +175,23 @@ def on_page_content(html, page, config, files):
 
 def on_page_markdown(markdown, page, config, files):
     return expand(markdown, page.file.src_uri)
+
+
+# mermaid's 2.7 MB take about half a second of a reader's CPU to load; a page that has
+# no diagram does not load them (Material fetches mermaid only for a page with diagrams,
+# and finds it defined there, so never asks a CDN).
+MERMAID_SCRIPTS = re.compile(
+    r'<script src="[^"]*(?:assets/vendor/mermaid\.min|assets/javascripts/mermaid-init)\.js">'
+    r"</script>\n?"
+)
+
+
+def on_post_page(output, page, config):
+    if 'class="mermaid' in output:
+        return output
+    return MERMAID_SCRIPTS.sub("", output)
+
+
+def on_post_template(output, template_name, config):
+    """The pages drawn from a template alone (404.html): none has a diagram."""
+    return on_post_page(output, None, config)
