@@ -125,7 +125,7 @@ class Server:
         """`procs.run(command, timeout=timeout, cwd=cwd, course_root=root)`, warm."""
         if self.proc is None or self.proc.poll() is not None:
             return procs.run(command, timeout=timeout, cwd=cwd, course_root=self.root)
-        args = command[command.index("pytest") + 1 :]
+        args = _pytest_args(command)
         start, unscaled, timeout = time.monotonic(), timeout, timeout * procs.timeout_scale()
         with tempfile.NamedTemporaryFile(prefix="course-grade-", suffix=".out") as out:
             request = {"args": args, "cwd": str(cwd), "output": out.name}
@@ -158,5 +158,33 @@ class Server:
         )
 
 
+def grade_once(args: list[str]) -> int:
+    """One grading in this process, with its zygote forked from it first: what `python -m
+    course grade` runs without -n (`python -m course.grader.warm --once PYTEST_ARGS`). A
+    plain `python -m pytest` imports torch for the tests, and its zygote imports it again
+    in an interpreter of its own: lesson 00's grading took 9.7-10.8 s of CPU that way,
+    5.4-5.6 s this way (2 cores, idle, 2026-12-04). Where no zygote can be forked (GPUs, another
+    user for the children), nothing is preloaded: pytest starts as it would."""
+    import importlib
+
+    from course import warmstart
+
+    if procs.can_fork() and warmstart.allowed(procs.child_env()):
+        for name in PRELOAD:
+            importlib.import_module(name)
+    return _grade(args)
+
+
+def one_process(command: list[str]) -> list[str]:
+    """`command`, a `python -m pytest ...` grading without xdist, run by grade_once."""
+    return [sys.executable, "-m", "course.grader.warm", "--once", *_pytest_args(command)]
+
+
+def _pytest_args(command: list[str]) -> list[str]:
+    return command[command.index("pytest") + 1 :]
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--once"]:
+        sys.exit(grade_once(sys.argv[2:]))
     serve()

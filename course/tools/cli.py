@@ -163,6 +163,10 @@ def grade_command(numbers, impl, grade_json=None, workers=0, root=REPO_ROOT) -> 
 def _grade(args) -> int:
     impl = lessons.resolve_impl(args.impl)
     command = grade_command(args.lessons, impl, args.grade_json, args.workers)
+    if not args.workers:  # one pytest: its launches fork from it (course/grader/warm.py)
+        from course.grader import warm
+
+        command = warm.one_process(command)
     return subprocess.call(command, cwd=REPO_ROOT, env=procs.child_env())
 
 

@@ -36,13 +36,14 @@ def _cpu_seconds() -> float:
 
 
 def grade_lesson(number: str, impl: Path) -> dict:
+    from course.grader import warm
     from course.tools.cli import grade_command
 
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "results.json"
         cpu = _cpu_seconds()
         run = procs.run(
-            grade_command([number], impl, results), timeout=DEADLINE_S, cwd=tmp,
+            warm.one_process(grade_command([number], impl, results)), timeout=DEADLINE_S, cwd=tmp,
             env={"TMPDIR": tmp},
         )  # fmt: skip
         cpu = _cpu_seconds() - cpu
