@@ -181,6 +181,16 @@ def _timeout_among(err: BaseException, errors: Path) -> str | None:
     return None
 
 
+def _cause(codes: list[int | None]) -> int | None:
+    """The rank to report among those that ended badly (exit codes, None: still running):
+    one killed by a signal first. gloo aborts a rank (SIGABRT) that receives a message too
+    large for its buffer, and its peer then raises "Connection reset by peer": under load
+    both have ended by the next look (every 20 ms), and the peer, the lower rank, would be
+    reported with the symptom instead of the cause (seen in a CI run, 2026-12-04)."""
+    failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
+    return min(failed, key=lambda i: (codes[i] >= 0, i)) if failed else None
+
+
 def _start_and_wait(args: tuple, world: int, method: str) -> None:
     """torch.multiprocessing.start_processes(_noting_errors, args, world), waited for by the
     ranks' exit codes, and raising as its join() does when a rank fails.
@@ -202,7 +212,7 @@ def _start_and_wait(args: tuple, world: int, method: str) -> None:
     processes = context.processes
     while True:
         codes = [p.exitcode for p in processes]  # waitpid(WNOHANG)
-        failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
+        failed = _cause(codes)
         if failed is not None or None not in codes:
             break
         time.sleep(0.02)
