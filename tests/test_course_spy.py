@@ -52,3 +52,26 @@ def test_spy_refuses_a_missing_script_in_one_line(tmp_path):
         == (f"python -m course spy: error: {tmp_path / 'nope.py'}: no such script")
         or "py-spy is not installed" in result.output
     )
+
+
+C10D = "torch/distributed/distributed_c10d.py"
+JOINING = [
+    ("_create_c10d_store", "torch/distributed/rendezvous.py", "215"),
+    ("init_process_group", C10D, "2546"),
+    ("run", "hang.py", "75"),
+]
+IN_ALL_REDUCE = [("all_reduce", C10D, "3913"), ("train", "hang.py", "50")]
+IN_BARRIER = [("barrier", C10D, "4900"), ("train", "hang.py", "53")]
+
+
+def test_spy_waits_for_every_rank_to_join_before_it_calls_a_job_stuck():
+    """What a loaded CI run once printed as the answer: rank 2 alone, still joining the group
+    while ranks 0 and 1 imported torch. A rank in the rendezvous, or ranks with a gap below
+    them, are a job still starting; ranks 0..n-1 each in a collective are stuck."""
+    assert not spy.stuck([(2, JOINING)])  # alone, and joining
+    assert not spy.stuck([(2, IN_BARRIER)])  # ranks 0 and 1 not found yet
+    assert not spy.stuck([(0, IN_ALL_REDUCE), (1, JOINING)])
+    assert not spy.stuck([(0, [("<module>", "torch/distributed/__init__.py", "1")])])
+    assert not spy.stuck([])
+    assert spy.stuck([(0, IN_ALL_REDUCE), (1, IN_ALL_REDUCE), (2, IN_BARRIER)])
+    assert spy.stuck([(0, IN_BARRIER)])  # a one-rank job waiting in a collective

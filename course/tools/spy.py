@@ -3,11 +3,13 @@
     python -m course spy lessons/09_debugging/hang.py
 
 Runs `python SCRIPT ARGS...` and, once a second, asks py-spy (`pip install py-spy`) for
-the main thread's stack of each of its processes, without stopping them. Once every rank
-has stood in torch.distributed at two looks in a row (each waiting in a collective), it
-prints each rank's stack, innermost call first, ends the job (its whole process group)
-and exits 0. A rank is named by the `rank` variable py-spy finds in its frames. If the
-job ends, or nothing is stuck within --wait seconds, it says so and exits 1.
+the main thread's stack of each of its processes, without stopping them. Once ranks
+0, 1, ... have stood in the same torch.distributed calls at two looks in a row (each
+waiting in a collective, none still joining the group), it prints each rank's stack,
+innermost call first, ends the job (its whole process group) and exits 0. A rank is
+named by the `rank` variable py-spy finds in its frames. If the job ends, or nothing is
+stuck within --wait seconds, it says so, shows where the ranks were at the last look,
+and exits 1.
 """
 
 from __future__ import annotations
@@ -75,15 +77,40 @@ def main_thread(pid: int) -> tuple[int | None, list[tuple[str, str, str]]] | Non
     return (int(rank[1]) if rank else None), frames
 
 
+# Joining the group: a rank here waits for peers that may still be importing torch (on
+# a loaded machine, seconds behind), so it is not stuck yet. A CI run once took rank 2,
+# alone in init_process_group while ranks 0 and 1 started, for the whole job.
+JOINING = ("init_process_group", "rendezvous", "_create_c10d_store")
+
+
 def waiting(frames) -> bool:
-    """In a torch.distributed call: the innermost frame is there, and not an import."""
+    """In a torch.distributed call: the innermost frame is there, and not an import, and
+    the rank has joined its group (no frame of init_process_group's rendezvous)."""
     name, file, _ = frames[0]
-    return "torch/distributed/" in file and name != "<module>"
+    joining = any(n in JOINING or "distributed/rendezvous.py" in f for n, f, _ in frames)
+    return "torch/distributed/" in file and name != "<module>" and not joining
+
+
+def stuck(ranks: list[tuple[int, list]]) -> bool:
+    """Every rank found waits in a collective, and they are ranks 0, 1, ..., n-1: a rank
+    missing from the middle is a process still starting, not a rank that moved on."""
+    found = sorted(rank for rank, _ in ranks)
+    return (
+        bool(ranks)
+        and found == list(range(len(found)))
+        and all(waiting(frames) for _, frames in ranks)
+    )
 
 
 def shown(frames) -> list[str]:
     return [f"    {name} ({file}:{line})" for name, file, line in frames
             if not any(p in file for p in PLUMBING)]  # fmt: skip
+
+
+def show(ranks) -> None:
+    for rank, frames in ranks:
+        print(f"rank {rank}, main thread, innermost call first:")
+        print("\n".join(shown(frames)))
 
 
 def py_spy() -> str | None:
@@ -128,22 +155,22 @@ def spy(args) -> int:
             env=cold_env(),
         )  # fmt: skip
         try:
-            deadline, before = time.monotonic() + args.wait, None
+            deadline, before, ranks = time.monotonic() + args.wait, None, []
             while time.monotonic() < deadline and job.poll() is None:
                 time.sleep(1)
                 stacks = [s for s in map(main_thread, children(job.pid)) if s and s[1]]
-                ranks = [s for s in stacks if s[0] is not None]
-                stuck = bool(ranks) and all(waiting(frames) for _, frames in ranks)
-                if stuck and before == sorted(r for r, _ in ranks):
-                    for rank, frames in sorted(ranks):
-                        print(f"rank {rank}, main thread, innermost call first:")
-                        print("\n".join(shown(frames)))
+                ranks = sorted((s for s in stacks if s[0] is not None), key=lambda s: s[0])
+                if stuck(ranks) and before == ranks:
+                    show(ranks)
                     return 0
-                before = sorted(r for r, _ in ranks) if stuck else None
+                before = ranks if stuck(ranks) else None
             output.seek(0)
             tail = output.read().decode(errors="replace").strip().splitlines()[-5:]
             what = "ended" if job.poll() is not None else f"was not stuck within {args.wait:g} s"
             print(f"python -m course spy: the job {what}; its last lines:", *tail, sep="\n")
+            if ranks:  # a rendezvous that never completes, for one: where it waited
+                print("where its ranks were at the last look:")
+                show(ranks)
             return 1
         finally:
             if job.poll() is None:
