@@ -75,10 +75,14 @@ def pytest_xdist_make_scheduler(config, log):
     SPREAD, whose tests are independent gradings, are spread test by test, as xdist's
     default `load` does, and run last (pytest_collection_modifyitems): small pieces
     that fill both workers to the end. The files of TOGETHER share one worker: the
-    site tests and the browser tests read one build of the site (tests/_sitebuild.py)."""
+    site tests and the browser tests read one build of the site (tests/_sitebuild.py).
+    Files go out longest first, in the order pytest_collection_modifyitems gives them
+    (SLOWEST), not in xdist's order by number of tests."""
     if config.getvalue("dist") != "load":
         return None  # the caller asked for another scheme: keep it
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # the items' order is the schedule
 
     class LessonScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -312,8 +316,26 @@ def _scale_pytest_timeouts(config, items) -> None:
             item.add_marker(pytest.mark.timeout(marker.args[0] * scale), append=False)
 
 
+# Seconds of the slowest files in `pytest -m "not mutation" -n 2` on two idle cores
+# (2026-12-04, `python -m course durations`; test_site.py's share counts with the browser's).
+# Sent first, they no longer start last and leave one worker alone at the end: xdist's
+# own order, by number of tests, put the 40 s planted hang (two tests) near the end.
+SLOWEST = {
+    "test_browser.py": 104, "test_site.py": 104, "test_recorded_outputs.py": 63,
+    "test_grader_hangs.py": 40, "test_course_warmstart.py": 26, "test_notebooks.py": 22,
+    "test_09_debugging.py": 20, "test_course_autograder.py": 19, "test_course_bench.py": 19,
+    "test_04_torchrun.py": 18, "test_course_grade_class.py": 17, "test_course_procs.py": 16,
+}  # fmt: skip
+
+
+def in_schedule_order(items: list) -> None:
+    """Sort the items (stable): SPREAD's last, the SLOWEST files' first, the rest as
+    collected."""
+    items.sort(key=lambda item: (item.path.name in SPREAD, -SLOWEST.get(item.path.name, 0)))
+
+
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.path.name in SPREAD)  # stable: the rest keep their order
+    in_schedule_order(items)
     _scale_pytest_timeouts(config, items)
     for item in items:
         # For `python -m course durations`: each test's markers, in the JUnit file.
