@@ -164,6 +164,53 @@ def test_lesson_09_rows_time_the_handed_out_starter_against_the_fix(tmp_path):
     assert "Throughput" in svg and "Scaling efficiency" not in svg
 
 
+def test_lesson_11_rows_split_one_batch_and_measure_the_bubble_against_theory(tmp_path):
+    """Pipeline rows: one batch for the whole job (the stages split the model, not the
+    data), 1F1B with 1, 2, 4, 8 micro-batches against the whole model on one device, and
+    the measured bubble 1 - efficiency beside (p-1)/(m+p-1). One GPU: the one-device rows."""
+    gpu = catalogue.Settings("cuda", 2, "resnet50", 224, 128, "off", False)
+    rows = {r.key: r for r in catalogue.plan(gpu, ["11"], window=10, warmup=2, windows=5)}
+    pipes = [f"11-1f1b-m{m}" for m in (1, 2, 4, 8)] + ["11-torch-1f1b-m8"]
+    assert set(rows) == {"11-pipe1", "11-pipe1-m8", *pipes, "11-tp1", "11-tp-hand", "11-tp-dtensor"}
+    for key, m in zip(pipes, (1, 2, 4, 8, 8), strict=True):
+        row = rows[key]
+        assert row.extra[row.extra.index("--micro-batches") + 1] == str(m), row.extra
+        assert row.extra[row.extra.index("--nproc") + 1] == "2" and row.single == "11-pipe1"
+        assert row.theory_bubble == round(1 / (m + 1), 3)  # p = 2: (p-1)/(m+p-1)
+        assert row.global_batch(gpu) == rows["11-pipe1"].global_batch(gpu)  # not x world
+    assert rows["11-tp-hand"].extra[rows["11-tp-hand"].extra.index("--split") + 1] == "hand"
+    assert rows["11-tp-dtensor"].single == "11-tp1" and rows["11-tp1"].world == 1
+    impl = tmp_path / "impl" / "11_model_parallel"
+    impl.mkdir(parents=True)
+    (impl / "pipeline.py").write_text("")
+    command = launch.command(rows["11-1f1b-m4"], impl.parent, gpu)
+    assert command[1] == str(impl / "pipeline.py") and command[-2:] == ["--steps", "70"]
+    one = catalogue.Settings("cuda", 1, "resnet50", 224, 128, "off", False)
+    assert [r.key for r in catalogue.plan(one, ["11"], 10, 2, 5)] == [
+        "11-pipe1", "11-pipe1-m8", "11-tp1"
+    ]  # fmt: skip
+    records = [
+        {"key": "11-pipe1", "ok": True, "samples_per_s": 100.0, "single": ""},
+        {"key": "11-1f1b-m2", "ok": True, "samples_per_s": 120.0, "single": "11-pipe1",
+         "theory_bubble": 0.333},
+    ]  # fmt: skip
+    for r, world in zip(records, (1, 2), strict=True):
+        r.update(lesson="11", mode=r["key"], world_size=world, global_batch=256, step_ms=1.0)
+        r.update(unit="seq", model="pipeline.py's blocks")
+    launch.add_ratios(records)
+    assert records[1]["efficiency"] == 0.6 and records[1]["bubble"] == 0.4
+    assert "bubble" not in records[0]
+    text = render.table({"settings": {"device": "cuda"}, "rows": records})
+    head, one_device, split = text.splitlines()
+    assert "seq/s" in head.split() and head.split()[-2:] == ["bubble", "(p-1)/(m+p-1)"]
+    assert split.split()[-2:] == ["0.400", "0.333"] and one_device.split()[-1] == "1.0"
+    tp = {**records[0], "key": "11-tp1", "model": "tensor.py's blocks"}  # a second model
+    doc = {"settings": {"device": "cuda", "amp": "off", "channels_last": False, "gpus": 2,
+                        "model": "resnet50", "image_size": 224, "batch_size": 128},
+           "provenance": {"device": "NVIDIA H200"}, "rows": [*records, tp]}  # fmt: skip
+    assert render.title(doc) == "the lesson scripts' own models, fp32, up to 2 GPUs, on NVIDIA H200"
+
+
 def test_lesson_08_ratios_divide_by_their_own_baselines():
     records = [
         {"key": "01", "ok": True, "samples_per_s": 100.0},
@@ -190,8 +237,10 @@ def test_lesson_08_ratios_divide_by_their_own_baselines():
 def test_cpu_bench_times_the_lessons_and_writes_a_record_and_a_plot(tmp_path):
     out = tmp_path / "bench.json"
     # 01 (one process) and 04 (torchrun, 2 ranks): both of the bench's launch paths; the
-    # mp.spawn lessons start like 01 (python train.py --nproc N).
-    args = ["--lessons", "01", "04", "--window", "2", "--warmup", "1", "--windows", "2"]
+    # mp.spawn lessons start like 01 (python train.py --nproc N). 11's pipeline with 2 gloo
+    # stages: a script with flags of its own, which must be pipeline.py's.
+    args = ["--lessons", "01", "04", "11", "--only", "01", "04", "11-1f1b-m2"]
+    args += ["--window", "2", "--warmup", "1", "--windows", "2"]
     result = procs.run(
         [sys.executable, "-m", "course", "bench", *args, "--out", str(out)],
         timeout=150,
@@ -199,12 +248,15 @@ def test_cpu_bench_times_the_lessons_and_writes_a_record_and_a_plot(tmp_path):
     )
     assert result.ok, result.describe()
     doc = json.loads(out.read_text())
-    assert [r["key"] for r in doc["rows"]] == ["01", "04"]
+    assert [r["key"] for r in doc["rows"]] == ["01", "04", "11-1f1b-m2"]
     for row in doc["rows"]:
         assert row["ok"], row.get("error")
         assert len(row["window_samples_per_s"]) == 2 and row["samples_per_s"] > 0
-        assert row["efficiency"] > 0
+    assert doc["rows"][0]["efficiency"] > 0 and doc["rows"][1]["efficiency"] > 0
     assert doc["rows"][1]["world_size"] == 2 and doc["rows"][1]["global_batch"] == 64
+    pipe = doc["rows"][2]  # its one-device row (11-pipe1) was left out: no measured bubble
+    assert pipe["theory_bubble"] == 0.333 and pipe["global_batch"] == catalogue.PIPELINE_CPU[2]
+    assert "--micro-batches 2" in pipe["command"] and "pipeline.py" in pipe["command"]
     assert "torch.distributed.run" in doc["rows"][1]["command"]
     assert doc["provenance"]["device"] == "CPU" and doc["provenance"]["torch"]
     assert "efficiency" in result.output and "DDP, torchrun" in result.output
@@ -242,11 +294,12 @@ def test_published_records_are_complete_and_consistent(path: Path):
         assert doc["provenance"].get(key), f"{path.name}: provenance lacks {key}"
     rows = [dict(r) for r in doc["rows"]]
     for r in rows:
-        for key in ("speedup", "efficiency", "step_vs_ddp", "vs_base"):
+        for key in ("speedup", "efficiency", "step_vs_ddp", "vs_base", "bubble"):
             r.pop(key, None)
     launch.add_ratios(rows)
     for stored, computed in zip(doc["rows"], rows, strict=True):
         assert stored.get("efficiency") == computed.get("efficiency"), stored["mode"]
         assert stored.get("step_vs_ddp") == computed.get("step_vs_ddp"), stored["mode"]
         assert stored.get("vs_base") == computed.get("vs_base"), stored["mode"]
+        assert stored.get("bubble") == computed.get("bubble"), stored["mode"]
     assert render.plot([doc])[:4] == b"\x89PNG"

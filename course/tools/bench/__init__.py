@@ -29,6 +29,13 @@ GPU, so the model is measured and not the input pipeline):
                               (lessons/) and fixed (--workers 4): its own SmallCNN on the
                               digits, batch 32; "x 09-starved" is the fix's throughput over
                               the starter's. Only when asked: --lessons 09
+    11  model parallel        python 11_model_parallel/pipeline.py --nproc 1 (the whole model
+                              on one device), then --nproc N --schedule 1f1b with 1, 2, 4, 8
+                              micro-batches and torch-1f1b with 8, one batch for the job:
+                              "bubble" is 1 - efficiency, beside (p-1)/(m+p-1); then
+                              tensor.py --nproc 1 --split none, and --nproc N with --split
+                              hand and dtensor. Wider models on GPUs. Only when asked:
+                              --lessons 11
 
 The processes run with the caller's environment, not the grader's one-thread
 settings, so a lesson that oversubscribes the CPU shows it. Their optimizer
@@ -63,7 +70,7 @@ def parser(prog: str = "python -m course bench") -> argparse.ArgumentParser:
         "--lessons",
         nargs="+",
         default=["01", "02", "03", "04", "06", "08"],
-        help="which rows (default: all but 09, whose script trains a model of its own)",
+        help="which rows (default: all but 09 and 11, whose scripts train models of their own)",
     )
     p.add_argument("--skip", nargs="+", default=[], metavar="KEY", help="rows to leave out")
     p.add_argument("--only", nargs="+", default=[], metavar="KEY", help="only these rows")
@@ -111,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if visible else "cpu"
     if device == "cpu":
         print(
-            "no GPU visible: the tiny CPU version (small CNN, 2 gloo ranks); "
+            "no GPU visible: the tiny CPU version (small models, 2 gloo ranks); "
             "it checks the code path, not GPU speed"
         )
     model = args.model or ("resnet50" if device == "cuda" else "cnn")
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     planned = [
         {"model": r.model or None, "world_size": r.world,
-         "global_batch": (r.batch or settings.batch_size) * r.world}
+         "global_batch": r.global_batch(settings)}
         for r in rows
     ]  # fmt: skip
     print(render.title({**doc, "rows": planned}))
@@ -166,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             limit = 600 if device == "cuda" else 180
             record = launch.measure(row, impl, settings, timeout=limit, files=folder)
             doc["rows"].append(record)
-            status = f"{record['samples_per_s']:,.0f} img/s" if record["ok"] else "FAILED"
+            rate = f"{record['samples_per_s']:,.0f} {row.unit}/s" if record["ok"] else ""
+            status = rate or "FAILED"
             print(f" {status} ({time.monotonic() - tic:.0f} s)", flush=True)
             launch.add_ratios(doc["rows"])
             atomic.write_json(doc, out)  # after every row: a cut-short run keeps its rows

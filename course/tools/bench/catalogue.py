@@ -31,6 +31,15 @@ class Row:
     starter: bool = False  # the handed-out script of lessons/, not --impl's
     batch: int = 0  # its per-rank batch (0: the run's --batch-size)
     model: str = ""  # what it trains, for the record
+    # Model parallel (lesson 11): the ranks split one model and share one batch, `batch`.
+    shared_batch: bool = False
+    theory_bubble: float | None = None  # a pipeline's (p - 1) / (m + p - 1)
+    unit: str = "img"  # what a sample is, for the table's throughput column
+
+    def global_batch(self, settings: Settings) -> int:
+        """Samples a step trains, over every rank."""
+        batch = self.batch or settings.batch_size
+        return batch if self.shared_batch else batch * self.world * self.accumulate
 
     @property
     def steps(self) -> int:
@@ -97,6 +106,60 @@ def plan(
         rows += lesson_08_rows(settings, timing)
     if "09" in chosen:
         rows += lesson_09_rows(settings, timing)
+    if "11" in chosen:
+        rows += lesson_11_rows(settings, timing)
+    return rows
+
+
+# Lesson 11's models on GPUs: wide enough that a stage's matmuls, and a tensor-parallel
+# rank's slices, keep an H200 busy (fp32, about 0.1 s a step on one GPU); on the CPU the
+# scripts' own defaults. dim, blocks, batch (rows of 16 tokens, the whole job's).
+PIPELINE_GPU, PIPELINE_CPU = (2048, 8, 256), (64, 4, 32)
+TENSOR_GPU, TENSOR_CPU = (8192, 2, 32), (64, 2, 32)  # tensor.py's batch is its fixed 32
+MICRO_BATCHES = (1, 2, 4, 8)
+
+
+def lesson_11_rows(settings: Settings, timing: dict) -> list[Row]:
+    """Pipeline.py's whole model on one device (with 1 and with 8 micro-batches), then in
+    stages over the GPUs with 1F1B and 1, 2, 4, 8 micro-batches, and PyTorch's 1F1B with 8:
+    each stage's throughput over (stages x one device's) is 1 - the measured bubble. Then
+    tensor.py's blocks whole on one device, and split over the GPUs by hand and with
+    DTensor. One batch for the whole job: the ranks split the model, not the data."""
+    n, steps = settings.gpus, (timing["warmup"] + timing["windows"]) * timing["window"]
+    gpu = settings.device == "cuda"
+    rows = []
+
+    def add(key, script, label, world, extra, single="", **options):
+        dim, depth, batch = {"pipeline.py": PIPELINE_GPU if gpu else PIPELINE_CPU,
+                             "tensor.py": TENSOR_GPU if gpu else TENSOR_CPU}[script]  # fmt: skip
+        sizes = ["--dim", str(dim), "--depth", str(depth)]
+        if script == "pipeline.py":  # tensor.py trains its fixed batch
+            sizes += ["--batch-size", str(batch)]
+        extra = ["--nproc", str(world), *extra, "--backend", settings.backend, *sizes]
+        model = f"{script}'s blocks, width {dim}, {depth} blocks"
+        rows.append(Row(key, "11", label, world, [*extra, "--steps", str(steps)], script=script,
+                        batch=batch, shared_batch=True, unit="seq", model=model,
+                        single=single, **timing, **options))  # fmt: skip
+
+    most = MICRO_BATCHES[-1]
+    add("11-pipe1", "pipeline.py", "pipeline.py, whole on one device", 1, ["--micro-batches", "1"])
+    # Smaller micro-batches cost something of their own (less work per kernel launch): the
+    # pipeline's most micro-batches on one device, where there is no bubble.
+    add("11-pipe1-m8", "pipeline.py", f"whole on one device, {most} micro-batches", 1,
+        ["--schedule", "1f1b", "--micro-batches", str(most)], versus="11-pipe1")  # fmt: skip
+    for schedule, m in [("1f1b", m) for m in MICRO_BATCHES] + [("torch-1f1b", most)]:
+        if n < 2:
+            break
+        name = "1F1B" if schedule == "1f1b" else "torch's Schedule1F1B"
+        label = f"{n} stages, {name}, {m} micro-batch{'es' if m > 1 else ''}"
+        add(f"11-{schedule}-m{m}", "pipeline.py", label, n,
+            ["--schedule", schedule, "--micro-batches", str(m)], single="11-pipe1",
+            theory_bubble=round((n - 1) / (m + n - 1), 3))  # fmt: skip
+    add("11-tp1", "tensor.py", "tensor.py, whole on one device", 1, ["--split", "none"])
+    for split, label in (("hand", "split by hand"), ("dtensor", "split with DTensor")):
+        if n >= 2:
+            add(f"11-tp-{split}", "tensor.py", f"{n} ranks, {label}", n, ["--split", split],
+                single="11-tp1")  # fmt: skip
     return rows
 
 

@@ -80,10 +80,16 @@ def measure(
     as in a new shell, even when the caller (the grader, say) has set them.
     """
     args = command(row, impl, settings, files)
-    global_batch = (row.batch or settings.batch_size) * row.world * row.accumulate
+    global_batch = row.global_batch(settings)
     record = {"key": row.key, "lesson": row.lesson, "mode": row.label, "world_size": row.world}
     if row.model:
         record["model"] = row.model
+    if row.unit != "img":
+        record["unit"] = row.unit
+    if row.shared_batch:
+        record["shared_batch"] = True  # the ranks split the model: one batch for them all
+    if row.theory_bubble is not None:
+        record["theory_bubble"] = row.theory_bubble
     record.update(global_batch=global_batch, window_steps=row.window, warmup_windows=row.warmup)
     if row.single != "01":
         record["single"] = row.single
@@ -135,7 +141,8 @@ def _short(arg: str) -> str:
 def add_ratios(rows: list[dict]) -> None:
     """Speed-up and efficiency of every row against one device (lesson 01 at the row's
     precision: its "single" key), in place; lesson 06's rows also get their step time over
-    torch DDP's in the same loop, and rows with a "versus" key their throughput over it."""
+    torch DDP's in the same loop, rows with a "versus" key their throughput over it, and
+    lesson 11's pipelines their measured bubble, 1 - efficiency."""
     rate = {r["key"]: r["samples_per_s"] for r in rows if r["ok"]}
     ddp = next((r["step_ms"] for r in rows if r["key"] == "06-torch" and r["ok"]), None)
     for r in rows:
@@ -147,3 +154,7 @@ def add_ratios(rows: list[dict]) -> None:
             r["step_vs_ddp"] = round(r["step_ms"] / ddp, 3)
         if r["ok"] and rate.get(r.get("versus")):
             r["vs_base"] = round(r["samples_per_s"] / rate[r["versus"]], 3)
+        if "efficiency" in r and r.get("theory_bubble") is not None:
+            # A pipeline of p stages runs each sample through 1/p of the model: without a
+            # bubble it trains p times one device's samples. What it lacks is the bubble.
+            r["bubble"] = round(1 - r["efficiency"], 3)

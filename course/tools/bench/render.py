@@ -21,19 +21,26 @@ def title(doc: dict) -> str:
     )
     size = f"{s['image_size']}x{s['image_size']}"
     own = {r.get("model") for r in doc["rows"]}
+    on = p["device"] if s["device"] == "cuda" else "the CPU"
     if doc["rows"] and len(own) == 1 and None not in own:  # rows that bring their own model
-        first = doc["rows"][0]
-        batch, world = first["global_batch"] // first["world_size"], first["world_size"]
-        on = p["device"] if s["device"] == "cuda" else "the CPU"
-        processes = f"{world} processes" if world > 1 else "one process"
+        first, world = doc["rows"][0], max(r["world_size"] for r in doc["rows"])
+        batch = first["global_batch"] // (1 if first.get("shared_batch") else first["world_size"])
+        processes = f"up to {world} processes" if world > 1 else "one process"
         return f"{own.pop()}, {precision}, batch {batch}, {processes} on {on}"
+    if doc["rows"] and None not in own:  # several (lesson 11's two scripts)
+        world = max(r["world_size"] for r in doc["rows"])
+        ranks = f", up to {world} {'GPUs' if s['device'] == 'cuda' else 'ranks'}" * (world > 1)
+        return f"the lesson scripts' own models, {precision}{ranks}, on {on}"
     return f"{s['model']} {size}, {precision}{layout}, batch {s['batch_size']} per GPU, {where}"
 
 
 def table(doc: dict, markdown: bool = False) -> str:
     """The rows as a text table (for the terminal) or a Markdown table (for the site)."""
     ranks = "GPUs" if doc["settings"]["device"] == "cuda" else "ranks"
-    head = ["lesson", "mode", ranks, "global batch", "img/s", "speed-up", "efficiency", "step ms"]
+    units = {r.get("unit", "img") for r in doc["rows"]}
+    rate = f"{units.pop()}/s" if len(units) == 1 else "samples/s"
+    head = ["lesson", "mode", ranks, "global batch", rate, "speed-up", "efficiency", "step ms"]
+    bubbles = any("theory_bubble" in r for r in doc["rows"])  # lesson 11's pipelines
     versus = any("step_vs_ddp" in r for r in doc["rows"])  # lesson 06: MiniDDP against DDP
     bases = [r["versus"] for r in doc["rows"] if "vs_base" in r]  # lesson 08: against row 08
     lines = []
@@ -50,6 +57,11 @@ def table(doc: dict, markdown: bool = False) -> str:
             lines[-1].insert(2, f"{r['step_vs_ddp']:.3f}" if "step_vs_ddp" in r else "")
         if bases:
             lines[-1].insert(2, f"{r['vs_base']:.3f}" if "vs_base" in r else "")
+        if bubbles:  # at the end: measured, then the formula's
+            lines[-1].append(f"{r['bubble']:.3f}" if "bubble" in r else "")
+            lines[-1].append(f"{r['theory_bubble']:.3f}" if "theory_bubble" in r else "")
+    if bubbles:
+        head += ["bubble", "(p-1)/(m+p-1)"]
     if versus:
         head.insert(2, "step / DDP's")
     if bases:  # one base (lesson 08's, 09's) names the column; several: each row's own
