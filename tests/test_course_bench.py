@@ -180,6 +180,7 @@ def test_lesson_11_rows_split_one_batch_and_measure_the_bubble_against_theory(tm
         assert row.global_batch(gpu) == rows["11-pipe1"].global_batch(gpu)  # not x world
     assert rows["11-tp-hand"].extra[rows["11-tp-hand"].extra.index("--split") + 1] == "hand"
     assert rows["11-tp-dtensor"].single == "11-tp1" and rows["11-tp1"].world == 1
+    assert {k for k, r in rows.items() if r.profile} == {"11-tp-hand", "11-tp-dtensor"}
     impl = tmp_path / "impl" / "11_model_parallel"
     impl.mkdir(parents=True)
     (impl / "pipeline.py").write_text("")
@@ -209,6 +210,10 @@ def test_lesson_11_rows_split_one_batch_and_measure_the_bubble_against_theory(tm
                         "model": "resnet50", "image_size": 224, "batch_size": 128},
            "provenance": {"device": "NVIDIA H200"}, "rows": [*records, tp]}  # fmt: skip
     assert render.title(doc) == "the lesson scripts' own models, fp32, up to 2 GPUs, on NVIDIA H200"
+    tp.update(world_size=2, comm_share=0.25, single="", efficiency=0.7)  # profiled
+    head, *lines = render.table(doc).splitlines()
+    assert "collectives" in head.split() and lines[2].split()[-1] == "25%", (head, lines)
+    assert "%" not in lines[1] and lines[1].split()[-2:] == ["0.400", "0.333"], lines[1]
 
 
 def test_lesson_08_ratios_divide_by_their_own_baselines():
@@ -238,9 +243,10 @@ def test_cpu_bench_times_the_lessons_and_writes_a_record_and_a_plot(tmp_path):
     out = tmp_path / "bench.json"
     # 01 (one process) and 04 (torchrun, 2 ranks): both of the bench's launch paths; the
     # mp.spawn lessons start like 01 (python train.py --nproc N). 11's pipeline with 2 gloo
-    # stages: a script with flags of its own, which must be pipeline.py's.
-    args = ["--lessons", "01", "04", "11", "--only", "01", "04", "11-1f1b-m2"]
-    args += ["--window", "2", "--warmup", "1", "--windows", "2"]
+    # stages and its tensor parallel by hand: scripts with flags of their own, which must be
+    # pipeline.py's and tensor.py's; the second profiles its last warm-up window.
+    args = ["--lessons", "01", "04", "11", "--only", "01", "04", "11-1f1b-m2", "11-tp-hand"]
+    args += ["--window", "2", "--warmup", "2", "--windows", "2"]
     result = procs.run(
         [sys.executable, "-m", "course", "bench", *args, "--out", str(out)],
         timeout=150,
@@ -248,7 +254,7 @@ def test_cpu_bench_times_the_lessons_and_writes_a_record_and_a_plot(tmp_path):
     )
     assert result.ok, result.describe()
     doc = json.loads(out.read_text())
-    assert [r["key"] for r in doc["rows"]] == ["01", "04", "11-1f1b-m2"]
+    assert [r["key"] for r in doc["rows"]] == ["01", "04", "11-1f1b-m2", "11-tp-hand"]
     for row in doc["rows"]:
         assert row["ok"], row.get("error")
         assert len(row["window_samples_per_s"]) == 2 and row["samples_per_s"] > 0
@@ -257,6 +263,11 @@ def test_cpu_bench_times_the_lessons_and_writes_a_record_and_a_plot(tmp_path):
     pipe = doc["rows"][2]  # its one-device row (11-pipe1) was left out: no measured bubble
     assert pipe["theory_bubble"] == 0.333 and pipe["global_batch"] == catalogue.PIPELINE_CPU[2]
     assert "--micro-batches 2" in pipe["command"] and "pipeline.py" in pipe["command"]
+    split = doc["rows"][3]  # two gloo ranks, one all-reduce in forward and one in backward
+    assert 0 < split["comm_ms"] < split["step_ms"], split
+    # Both stored rounded (0.01 ms): their ratio agrees with the share to 0.002.
+    assert abs(split["comm_share"] - split["comm_ms"] / split["step_ms"]) < 0.002, split
+    assert "in collectives" in result.output and "comm_share" not in doc["rows"][1]
     assert "torch.distributed.run" in doc["rows"][1]["command"]
     assert doc["provenance"]["device"] == "CPU" and doc["provenance"]["torch"]
     assert "efficiency" in result.output and "DDP, torchrun" in result.output

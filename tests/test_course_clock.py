@@ -71,3 +71,63 @@ def test_typical_wait_is_the_median_window_and_data_wait_the_mean(tmp_path):
     assert typical is not None and abs(typical - 0.01) < 1e-9, typical
     assert mean is not None and abs(mean - 0.75 / 25) < 1e-9, mean
     assert step_clock.typical_wait(tmp_path, rank=1) is None, "rank 1 wrote nothing"
+
+
+COMM_SCRIPT = """
+import sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def worker(rank, store, mode):
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    big = torch.ones(1 << 22)  # 16 MB
+    for step in range(12):
+        model(torch.ones(8, 4)).sum().backward()
+        if mode == "all_reduce":
+            dist.all_reduce(big)  # gloo's work: the collective the profile must find
+        time.sleep(0.01)  # the rest of the step
+        optimizer.step()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=tuple(sys.argv[1:]), nprocs=2)
+"""
+
+
+def test_profiled_steps_give_the_time_in_collectives(tmp_path):
+    """COURSE_STEP_PROFILE=4:8 profiles steps 5-8 of two gloo ranks: with an all-reduce of
+    16 MB in every step, some but not all of a step is in collectives (the step also
+    sleeps 10 ms); without one, none."""
+    from course.probes import step_clock
+
+    script = tmp_path / "comm.py"
+    script.write_text(COMM_SCRIPT)
+    seen = {}
+    for mode in ("all_reduce", "none"):
+        folder = tmp_path / mode
+        folder.mkdir()
+        env = {step_clock.LOG_ENV: str(folder), step_clock.EVERY_ENV: "4"}
+        env[step_clock.PROFILE_ENV] = "4:8"
+        args = [sys.executable, str(script), str(tmp_path / f"store-{mode}"), mode]
+        result = procs.run(args, timeout=60, env=env, cwd=tmp_path)
+        assert result.ok, result.describe()
+        (_, t4), (_, t8) = [p for p in step_clock.read(folder) if p[0] in (4, 8)]
+        seen[mode] = (step_clock.comm_per_step(folder), (t8 - t4) / 4)
+    comm, step = seen["all_reduce"]
+    # Measured idle: 14-16 ms of a 27-28 ms step. The 10 ms sleep is never a collective;
+    # a 16 MB all-reduce over two processes takes milliseconds, not microseconds.
+    said = f"{comm} s of a {step:.4f} s step in collectives (expected 1 ms to the step - 10 ms)"
+    assert comm is not None and 0.001 < comm < step - 0.009, said
+    assert seen["none"][0] == 0.0, f"no collective, yet {seen['none'][0]} s in them"
+
+
+def test_merged_seconds_count_overlapping_collectives_once():
+    from course.probes.step_clock import is_collective, merged_seconds
+
+    spans = [(0, 10), (5, 20), (30, 40), (35, 38)]  # microseconds
+    assert merged_seconds(spans) == (20 + 10) / 1e6
+    assert is_collective({"cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL"})
+    assert not is_collective({"cat": "kernel", "name": "sm90_xmma_gemm_f32f32"})
+    assert is_collective({"cat": "user_annotation", "name": "gloo:all_reduce"})
+    assert not is_collective({"cat": "cpu_op", "name": "aten::mm"})

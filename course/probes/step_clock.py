@@ -20,6 +20,12 @@ the window that passed between an optimizer step's end and the next forward
 call of any module (a global forward pre-hook), which is where a training loop
 waits for its next batch. data_wait() turns that into the data-wait fraction.
 Off by default: a hook on every module's call is a (small) cost of its own.
+
+With COURSE_STEP_PROFILE=A:B as well, torch.profiler records the steps after step A up
+to step B (a warm-up window: its time is dropped anyway), and the rank appends to
+DIR/comm-rank<R>.<pid>.txt the steps and the seconds during which a collective ran:
+NCCL's kernels on the GPU, gloo's operations (`gloo:...`) on the CPU, their intervals
+merged, so that overlapping ones count once. comm_per_step() reads it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from pathlib import Path
 LOG_ENV = "COURSE_STEP_LOG"
 EVERY_ENV = "COURSE_STEP_EVERY"
 WAIT_ENV = "COURSE_STEP_WAIT"
+PROFILE_ENV = "COURSE_STEP_PROFILE"
 
 
 def install() -> None:
@@ -44,6 +51,8 @@ def install() -> None:
     every = max(1, int(os.environ.get(EVERY_ENV, "1")))
     timed_waits = os.environ.get(WAIT_ENV) == "1"
     steps, waited, step_end = 0, 0.0, None
+    first, _, last = os.environ.get(PROFILE_ENV, "").partition(":")
+    profiled, profiler = (int(first), int(last)) if first and last else None, None
 
     def before_forward(_module, _args) -> None:
         nonlocal waited, step_end
@@ -55,8 +64,15 @@ def install() -> None:
         torch.nn.modules.module.register_module_forward_pre_hook(before_forward)
 
     def after_step(_optimizer, _args, _kwargs) -> None:
-        nonlocal steps, waited, step_end
+        nonlocal steps, waited, step_end, profiler
         steps += 1
+        if profiled and steps == profiled[0]:
+            profiler = _start_profiler()
+        elif profiler is not None and steps == profiled[1]:
+            seconds = _stop_profiler(profiler)
+            profiler = None
+            name = f"comm-rank{max(current_rank(), 0)}.{os.getpid()}.txt"
+            (folder / name).write_text(f"{profiled[1] - profiled[0]} {seconds:.6f}\n")
         if steps % every:
             step_end = time.perf_counter() if timed_waits else None
             return
@@ -77,6 +93,68 @@ def install() -> None:
             os.close(fd)
 
     register_optimizer_step_post_hook(after_step)
+
+
+def _start_profiler():
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # the window starts with an idle GPU, as the clock's do
+        activities.append(ProfilerActivity.CUDA)
+    profiler = profile(activities=activities)
+    profiler.__enter__()
+    return profiler
+
+
+def _stop_profiler(profiler) -> float:
+    """Seconds, within the profiled steps, during which a collective ran."""
+    import json
+    import tempfile
+
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    profiler.__exit__(None, None, None)
+    with tempfile.TemporaryDirectory(prefix="course-profile-") as scratch:
+        trace = Path(scratch) / "trace.json"
+        profiler.export_chrome_trace(str(trace))  # the format every torch version writes
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+    return merged_seconds(
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in events
+        if e.get("ph") == "X" and "dur" in e and is_collective(e)
+    )
+
+
+def is_collective(event: dict) -> bool:
+    """An NCCL kernel on the GPU, or one of gloo's operations on the CPU."""
+    name = str(event.get("name", ""))
+    if event.get("cat") == "kernel":
+        return "nccl" in name.lower()
+    return name.startswith("gloo:")
+
+
+def merged_seconds(spans) -> float:
+    """The length of the union of (start, end) intervals in microseconds, in seconds."""
+    total, end = 0.0, None
+    for start, stop in sorted(spans):
+        if end is None or start > end:
+            total, end = total + (stop - start), stop
+        elif stop > end:
+            total, end = total + (stop - end), stop
+    return total / 1e6
+
+
+def comm_per_step(folder: str | Path, rank: int = 0) -> float | None:
+    """Seconds per step during which `rank` ran a collective, over its profiled steps
+    (COURSE_STEP_PROFILE); None if it profiled none."""
+    for path in sorted(Path(folder).glob(f"comm-rank{rank}.*.txt")):
+        steps, seconds = path.read_text().split()
+        return float(seconds) / int(steps)
+    return None
 
 
 def read(folder: str | Path, rank: int = 0) -> list[tuple[int, float]]:

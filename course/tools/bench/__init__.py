@@ -34,8 +34,10 @@ GPU, so the model is measured and not the input pipeline):
                               micro-batches and torch-1f1b with 8, one batch for the job:
                               "bubble" is 1 - efficiency, beside (p-1)/(m+p-1); then
                               tensor.py --nproc 1 --split none, and --nproc N with --split
-                              hand and dtensor. Wider models on GPUs. Only when asked:
-                              --lessons 11
+                              hand and dtensor, each profiled over its last warm-up window:
+                              "in collectives" is the share of a step during which NCCL's
+                              kernels (gloo's operations) ran. Wider models on GPUs. Only
+                              when asked: --lessons 11
 
 The processes run with the caller's environment, not the grader's one-thread
 settings, so a lesson that oversubscribes the CPU shows it. Their optimizer

@@ -35,6 +35,9 @@ class Row:
     shared_batch: bool = False
     theory_bubble: float | None = None  # a pipeline's (p - 1) / (m + p - 1)
     unit: str = "img"  # what a sample is, for the table's throughput column
+    # Profile the last warm-up window for the share of a step during which a collective
+    # runs (course/probes/step_clock.py); needs 2 warm-up windows.
+    profile: bool = False
 
     def global_batch(self, settings: Settings) -> int:
         """Samples a step trains, over every rank."""
@@ -159,7 +162,7 @@ def lesson_11_rows(settings: Settings, timing: dict) -> list[Row]:
     for split, label in (("hand", "split by hand"), ("dtensor", "split with DTensor")):
         if n >= 2:
             add(f"11-tp-{split}", "tensor.py", f"{n} ranks, {label}", n, ["--split", split],
-                single="11-tp1")  # fmt: skip
+                single="11-tp1", profile=True)  # fmt: skip
     return rows
 
 

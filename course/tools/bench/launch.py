@@ -106,8 +106,12 @@ def measure(
         }
         if fresh_threads:
             env.update(OMP_NUM_THREADS=None, MKL_NUM_THREADS=None)
+        if row.profile and row.warmup >= 2:  # the last warm-up window, dropped anyway
+            first = (row.warmup - 1) * row.window
+            env[step_clock.PROFILE_ENV] = f"{first}:{first + row.window}"
         result = procs.run(args, timeout=timeout, env=env, cwd=folder, one_thread=False)
         points = step_clock.read(folder, rank=0)
+        comm = step_clock.comm_per_step(folder, rank=0)
     rates = windows_of(points, row, global_batch)
     record["seconds"] = round(result.seconds, 1)
     if not result.ok or len(rates) < row.windows:
@@ -125,6 +129,10 @@ def measure(
         step_ms=round(1000 * global_batch / median, 2),
         window_samples_per_s=[round(r, 1) for r in rates],
     )
+    if comm is not None:  # profiled: the step's share during which a collective ran
+        record.update(
+            comm_ms=round(1000 * comm, 2), comm_share=round(comm * median / global_batch, 3)
+        )
     return record
 
 

@@ -41,6 +41,7 @@ def table(doc: dict, markdown: bool = False) -> str:
     rate = f"{units.pop()}/s" if len(units) == 1 else "samples/s"
     head = ["lesson", "mode", ranks, "global batch", rate, "speed-up", "efficiency", "step ms"]
     bubbles = any("theory_bubble" in r for r in doc["rows"])  # lesson 11's pipelines
+    comm = any("comm_share" in r for r in doc["rows"])  # lesson 11's tensor parallel rows
     versus = any("step_vs_ddp" in r for r in doc["rows"])  # lesson 06: MiniDDP against DDP
     bases = [r["versus"] for r in doc["rows"] if "vs_base" in r]  # lesson 08: against row 08
     lines = []
@@ -57,9 +58,13 @@ def table(doc: dict, markdown: bool = False) -> str:
             lines[-1].insert(2, f"{r['step_vs_ddp']:.3f}" if "step_vs_ddp" in r else "")
         if bases:
             lines[-1].insert(2, f"{r['vs_base']:.3f}" if "vs_base" in r else "")
+        if comm:
+            lines[-1].append(f"{r['comm_share']:.0%}" if "comm_share" in r else "")
         if bubbles:  # at the end: measured, then the formula's
             lines[-1].append(f"{r['bubble']:.3f}" if "bubble" in r else "")
             lines[-1].append(f"{r['theory_bubble']:.3f}" if "theory_bubble" in r else "")
+    if comm:
+        head.append("in collectives")
     if bubbles:
         head += ["bubble", "(p-1)/(m+p-1)"]
     if versus:
