@@ -38,6 +38,53 @@ def test_the_trace_is_reduced_to_two_lanes_and_the_overlap_is_measured():
     assert stats["during_backward_ms"] == 0.3 and stats["during_backward"] == 0.6
 
 
+# A GPU step: the CPU launches the backward's kernels early (its functions end at 1300 us),
+# the GPU runs them later; NCCL's kernel runs on its own stream. Launches and kernels share
+# a correlation id; a forward kernel (correlation 1) launched outside backward is left out.
+GPU_TRACE = {
+    "traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "ts": 900, "dur": 50, "tid": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 910, "dur": 5,
+         "tid": 1, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "cpu_op", "name": "autograd::engine::evaluate_function: "
+         "AddmmBackward0", "ts": 1000, "dur": 200, "tid": 2},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1010, "dur": 5,
+         "tid": 2, "args": {"correlation": 2}},
+        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 1100, "dur": 5,
+         "tid": 2, "args": {"correlation": 3}},
+        {"ph": "X", "cat": "cpu_op", "name": "autograd::engine::evaluate_function: "
+         "ReluBackward0", "ts": 1250, "dur": 50, "tid": 2},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1260, "dur": 5,
+         "tid": 2, "args": {"correlation": 4}},
+        {"ph": "X", "cat": "kernel", "name": "sm90_gemm_fwd", "ts": 1500, "dur": 100,
+         "tid": 7, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "sm90_gemm_a", "ts": 2000, "dur": 300, "tid": 7,
+         "args": {"correlation": 2}},
+        {"ph": "X", "cat": "kernel", "name": "sm90_gemm_b", "ts": 2300, "dur": 300, "tid": 7,
+         "args": {"correlation": 3}},
+        {"ph": "X", "cat": "kernel", "name": "relu_backward", "ts": 2600, "dur": 400,
+         "tid": 7, "args": {"correlation": 4}},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+         "ts": 2500, "dur": 1000, "tid": 9, "args": {"correlation": 5}},
+    ]
+}  # fmt: skip
+
+
+def test_on_gpus_the_lanes_are_the_kernels_when_the_gpu_ran_them():
+    """The backward lane is the kernels the backward's functions launched, at the GPU's
+    times and named after their function: backward ends at 3000 us (the CPU's functions
+    ended at 1300), so 500 of the NCCL kernel's 1000 us overlap it, not none."""
+    events = timeline.reduce_trace(GPU_TRACE)
+    assert [(e["cat"], e["name"], e["ts"], e["dur"]) for e in events] == [
+        ("backward", "AddmmBackward0", 0.0, 300.0),
+        ("backward", "AddmmBackward0", 300.0, 300.0),
+        ("all-reduce", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 500.0, 1000.0),
+        ("backward", "ReluBackward0", 600.0, 400.0),
+    ]
+    stats = timeline.overlap(events)
+    assert stats["backward_ms"] == 1.0 and stats["during_backward"] == 0.5
+
+
 def test_a_trace_without_all_reduces_is_refused():
     bare = {"traceEvents": [e for e in TRACE["traceEvents"] if "gloo" not in e["name"]]}
     try:

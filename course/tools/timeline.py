@@ -7,8 +7,9 @@ Two ranks train a stack of equal Linear layers (so each layer's backward costs t
 same) with torch's DistributedDataParallel and small buckets (--bucket-cap-mb), and
 torch.profiler records one step on rank 0. The record keeps, from the trace, the
 backward's autograd functions (on the thread that runs backward) and the all-reduces
-(gloo's `gloo:all_reduce` on its own threads, or NCCL's kernels on the GPU), each with
-its start and length, and the provenance. It is itself a Chrome trace: Perfetto
+(gloo's `gloo:all_reduce` on its own threads), each with its start and length, and the
+provenance; on GPUs, the kernels those functions launched and NCCL's kernels, when the
+GPU ran them. It is itself a Chrome trace: Perfetto
 (ui.perfetto.dev) or chrome://tracing open it. `render` draws it, and `overlap` says
 how much of the all-reduce time ran while backward was still running: the overlap
 lesson 06 builds by hand and lesson 08 tunes.
@@ -72,16 +73,22 @@ def _layer(width: int):
 
 
 def reduce_trace(trace: dict) -> list[dict]:
-    """The backward's autograd functions and the all-reduces of one profiled step, as
-    Chrome trace events (times in microseconds, from the first of them)."""
+    """The backward and the all-reduces of one profiled step, as Chrome trace events
+    (times in microseconds, from the first of them).
+
+    On the CPU (gloo) the backward lane is the autograd functions, on the thread that runs
+    backward. On GPUs those only *launch* kernels, and the CPU runs ahead of the GPU: the
+    lane is then the GPU kernels that the backward's functions launched (matched through
+    the profiler's correlation ids), each named after its function, and the all-reduces are
+    NCCL's kernels. Both lanes then show when the GPU did the work."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     backward = [e for e in events if e["name"].startswith("autograd::engine::evaluate_function")]
-    reduces = [
-        e
-        for e in events
-        if e["name"] == "gloo:all_reduce"
-        or ("nccl" in e["name"].lower() and "AllReduce" in e["name"])
-    ]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    if kernels:
+        reduces = [e for e in kernels if "nccl" in e["name"].lower() and "AllReduce" in e["name"]]
+        backward = _kernels_launched_by(backward, events, kernels)
+    else:
+        reduces = [e for e in events if e["name"] == "gloo:all_reduce"]
     if not backward or not reduces:
         raise ValueError("the trace holds no backward functions or no all-reduces")
     start = min(float(e["ts"]) for e in backward + reduces)
@@ -94,6 +101,31 @@ def reduce_trace(trace: dict) -> list[dict]:
                  "ts": round(float(e["ts"]) - start, 1), "dur": round(float(e["dur"]), 1)}
             )  # fmt: skip
     return sorted(kept, key=lambda e: e["ts"])
+
+
+def _kernels_launched_by(functions: list[dict], events: list[dict], kernels: list[dict]):
+    """The non-NCCL kernels whose launch (a CUDA runtime call, matched to the kernel by its
+    correlation id) happened inside one of `functions` on its thread, named after it."""
+    spans = [(float(f["ts"]), float(f["ts"]) + float(f["dur"]), f["tid"], f) for f in functions]
+    caller = {}
+    for launch in events:
+        if (
+            launch.get("cat") not in ("cuda_runtime", "cuda_driver")
+            or "Launch" not in launch["name"]
+        ):
+            continue
+        ts = float(launch["ts"])
+        inside = [f for begin, end, tid, f in spans if begin <= ts <= end and tid == launch["tid"]]
+        if inside:  # the innermost: the function that launched it
+            caller[(launch.get("args") or {}).get("correlation")] = min(
+                inside, key=lambda f: float(f["dur"])
+            )
+    found = []
+    for kernel in kernels:
+        function = caller.get((kernel.get("args") or {}).get("correlation"))
+        if function is not None and "nccl" not in kernel["name"].lower():
+            found.append({**kernel, "name": function["name"]})
+    return found
 
 
 def overlap(events: list[dict]) -> dict:
@@ -132,7 +164,9 @@ def render(doc: dict, path: str | Path | None = None, fmt: str = "png") -> bytes
         end = max(e["ts"] + e["dur"] for e in events if e["cat"] == BACKWARD) / 1e3
         ax.axvline(end, color="grey", linestyle="--", linewidth=0.8)
         ax.annotate("backward ends", (end, 1.45), ha="center", fontsize=9, color="grey")
-        ax.set_yticks(range(len(lanes)), ["all-reduce\n(communication)", "backward\n(autograd)"])
+        gpu = doc.get("settings", {}).get("backend") == "nccl"
+        lower = "backward\n(GPU kernels)" if gpu else "backward\n(autograd)"
+        ax.set_yticks(range(len(lanes)), ["all-reduce\n(communication)", lower])
         ax.set_ylim(-0.6, 1.7)
         ax.set_xlabel("time within one training step (ms)")
         stats = doc["overlap"]
