@@ -24,7 +24,7 @@ from course.runtime import exit_with_one_line
 
 
 def parse_args(argv=None):
-    p = options.parser(__doc__, per="per rank")
+    p = options.parser(__doc__, prog="mini_ddp.py", per="per rank")
     p.add_argument("--nproc", type=options.positive_int, help="ranks (default: GPUs, or 2)")
     p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl if CUDA works")
     p.add_argument("--wrapper", choices=("mini", "torch"), default="mini", help="MiniDDP or DDP")

@@ -23,7 +23,7 @@ from course.runtime import exit_with_one_line
 
 
 def parse_args(argv=None):
-    p = options.parser(__doc__, per="per rank")
+    p = options.parser(__doc__, prog="zero.py", per="per rank")
     p.set_defaults(lr=1e-2)  # AdamW's step for this small CNN (SGD's default is 0.05)
     p.add_argument("--nproc", type=options.positive_int, help="ranks (default: GPUs, or 2)")
     p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl if CUDA works")

@@ -20,7 +20,7 @@ from course.runtime import exit_with_one_line, gpu_ids, pick_device, seed_everyt
 
 
 def parse_args(argv=None):
-    p = options.parser(__doc__, per="per GPU")
+    p = options.parser(__doc__, prog="train_dp.py", per="per GPU")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     p.add_argument("--gpus", type=options.positive_int, help="GPUs for DataParallel (default: all)")
     p.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN autotuner (see main)")
