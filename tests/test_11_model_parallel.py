@@ -3,16 +3,17 @@
 
 The case script (tests/cases/lesson_11.py) runs the grader's model cut into 3 stages, one
 per forked gloo rank (tests/cases/lesson_11_models.py), through the submission's Pipe and
-schedules: gpipe and one_f_one_b, then the ScheduleGPipe and Schedule1F1B its
-torch_schedule builds, 4 micro-batches of 2 sequences, 3 steps each. This process runs the
-same model whole, in one process, on the whole batch: the reference.
+schedules: gpipe and one_f_one_b, 3 steps each, then the ScheduleGPipe and Schedule1F1B
+its torch_schedule builds, one step to learn the shapes and one graded; 4 micro-batches
+of 2 sequences. This process runs the same model whole, in one process, on the whole
+batch: the reference.
 
 Exactness, measured (PyTorch 2.14.1, 2 cores): the stages' gradients were at most 6e-8
 from the reference's (the micro-batches' means summed round differently from the whole
 batch's), the logits equal. GRAD_ATOL is about 15 times that. The mistakes are far
 beyond: a loss not divided by the number of micro-batches multiplies every gradient by 4.
 
-The bubble: each stage waits a controlled 15 ms in forward and 30 ms in backward, and
+The bubble: each stage waits a controlled 20 ms in forward and 40 ms in backward, and
 notes when (what it computes besides is a few small layers), so the measured idle
 fraction is the schedule's. Theory for GPipe and 1F1B alike: (p - 1)/(m + p - 1) = 1/3
 of the step; the bounds come from the measured distribution (see BUBBLE_ABOVE).
