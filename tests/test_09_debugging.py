@@ -158,7 +158,7 @@ def test_oom_script_runs_with_its_flags(impl, tmp_path):
 @pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.needs("unused_gradients")
-def test_every_parameter_of_the_model_gets_a_gradient(calls):
+def test_unused_every_parameter_of_the_model_gets_a_gradient(calls):
     """One backward through unused.Net gives every parameter a gradient: nothing is left
     for DDP to wait for (find_unused_parameters=True would only hide it)."""
     found = calls("unused_gradients")
@@ -218,7 +218,7 @@ def test_hang_every_rank_takes_the_same_steps(calls):
 @pytest.mark.core
 @pytest.mark.points(3)
 @pytest.mark.needs("hang_diagnosis")
-def test_diagnosis_names_the_rank_and_the_collective(calls):
+def test_hang_diagnosis_names_the_rank_and_the_collective(calls):
     """For three runs with a planted skip (3 ranks: rank 1 skips an all_reduce, rank 2 a
     broadcast; 4 ranks: rank 0 an all_gather), diagnose names that rank and collective."""
     found = calls("hang_diagnosis")
@@ -499,7 +499,7 @@ def reference_starved_losses(epochs: int = 2, batch_size: int = 32) -> list[floa
 
 
 @pytest.mark.points(1)
-def test_starved_workers_change_when_batches_arrive_not_which(starved):
+def test_starved_workers_alter_when_batches_arrive_not_which(starved):
     """(Not a core test: the starter passes it.) With 0 workers and with 4, every epoch
     ends with the loss this process computes itself for the same batches in the same
     order (printed to 4 decimals), and the model learns (ln 10 = 2.30 at the start)."""

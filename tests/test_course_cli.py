@@ -148,6 +148,36 @@ def test_grade_prints_the_table_and_writes_json(tmp_path):
     assert str(REPO_ROOT / "solutions") == results["impl"]
 
 
+def _test_names(path) -> list[str]:
+    import ast
+
+    tree = ast.parse(path.read_text())
+    return [
+        n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+    ]
+
+
+def test_grade_k_grades_one_exercise_and_every_exercise_names_its_own():
+    """`course grade 09 -k oom` runs exactly the tests whose names hold "oom" (counted here
+    from the test file), and each lesson 09 script's `-k` selects its own tests."""
+    tests = _test_names(REPO_ROOT / "tests" / "test_09_debugging.py")
+    result = course("grade", "09", "-k", "oom", "--impl", "solutions", timeout=300)
+    assert result.ok, result.describe()
+    oom = [t for t in tests if "oom" in t]
+    found = re.search(r"(\d+) passed, (\d+) deselected", result.output)
+    assert found and int(found[1]) == len(oom) >= 1, f"expected {len(oom)} passed:\n{result.output}"
+    for script in sorted((REPO_ROOT / "solutions" / "09_debugging").glob("*.py")):
+        said = re.search(r"python -m course grade 09 -k (\w+)", script.read_text())
+        exercise = script.stem
+        assert said, f"{script.name}: no `python -m course grade 09 -k ...` line"
+        chosen = [t for t in tests if said[1] in t]
+        assert chosen and all(t.startswith(f"test_{exercise}_") for t in chosen), (
+            f"{script.name}: -k {said[1]} selects {chosen}; expected its own tests, "
+            f"test_{exercise}_*"
+        )
+        assert chosen == [t for t in tests if t.startswith(f"test_{exercise}_")], script.name
+
+
 def test_version_is_the_installed_packages():
     """`python -m course --version` says the version pyproject.toml installs
     (read from course.__version__), as results files and records carry it."""

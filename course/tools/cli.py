@@ -64,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument("--impl", default="lessons", help="lessons (default), solutions or a folder")
     grade.add_argument("--grade-json", metavar="PATH", help="write Gradescope-style results here")
     grade.add_argument("-n", "--workers", type=int, default=0, help="parallel pytest workers")
+    grade.add_argument(
+        "-k", dest="keyword", metavar="EXPRESSION",
+        help="only the tests whose names match (pytest's -k), e.g. one exercise: -k hang",
+    )  # fmt: skip
 
     # Parsed by course.tools.grade_class itself; listed here for --help.
     sub.add_parser("grade-class", help="grade a folder of students' folders into a CSV",
@@ -143,9 +147,11 @@ def _run(args) -> int:
     return subprocess.call(command, env=procs.child_env(one_thread=False))
 
 
-def grade_command(numbers, impl, grade_json=None, workers=0, root=REPO_ROOT) -> list[str]:
+def grade_command(
+    numbers, impl, grade_json=None, workers=0, root=REPO_ROOT, keyword=None
+) -> list[str]:
     """The pytest command that grades lessons `numbers` (all when empty) of `impl`,
-    with the tests of the course at `root`."""
+    with the tests of the course at `root`; with `keyword`, only the tests it selects."""
     chosen = [lessons.get(n) for n in numbers] or list(lessons.LESSONS)
     files = []
     for lesson in chosen:
@@ -157,12 +163,14 @@ def grade_command(numbers, impl, grade_json=None, workers=0, root=REPO_ROOT) -> 
     command += ["-q", "--no-header", "-rN"]
     if grade_json:
         command.append(f"--grade-json={grade_json}")
+    if keyword:
+        command += ["-k", keyword]
     return command + (["-n", str(workers)] if workers else ["-p", "no:xdist"])
 
 
 def _grade(args) -> int:
     impl = lessons.resolve_impl(args.impl)
-    command = grade_command(args.lessons, impl, args.grade_json, args.workers)
+    command = grade_command(args.lessons, impl, args.grade_json, args.workers, keyword=args.keyword)
     if not args.workers:  # one pytest: its launches fork from it (course/grader/warm.py)
         from course.grader import warm
 

@@ -3,7 +3,7 @@
 Run it:
     python lessons/09_debugging/oom.py                 # the batch does not fit: out of memory
     python lessons/09_debugging/oom.py --budget-mb 64  # a budget the whole batch fits in
-    python -m course grade 09 -k memory                # grade your fix
+    python -m course grade 09 -k oom                   # grade your fix
 
 The budget counts what autograd saves for backward (course/memory.py), on any
 device: on a GPU the same activations are what runs out first.

@@ -1,4 +1,4 @@
-"""Lesson 09, exercise 4 - silent wrong results: runs that finish, and are wrong.
+"""Lesson 09, exercise 6 - silent wrong results: runs that finish, and are wrong.
 
 Run it:
     python lessons/09_debugging/silent.py        # two ranks; read what they report
