@@ -260,8 +260,9 @@ def test_without_restarts_the_failure_names_the_rank_and_signal(runs, backend):
 @pytest.mark.points(3)
 @pytest.mark.needs("crash", "resume", "ref")
 def test_kill_during_snapshot_write_keeps_the_previous_snapshot(runs, backend):
-    """A kill halfway through a snapshot write leaves the previous snapshot
-    loadable, and resuming from it ends bit-identical."""
+    """A kill as a snapshot is put in place (after its temporary file is written, before
+    the rename) leaves the previous snapshot loadable, and resuming from it ends
+    bit-identical."""
     crashed, folder = runs["crash"]
     _, ref_folder = finished(runs, "ref")
     assert "chaos: killed" in rank_log(crashed, 0), (

@@ -11,6 +11,7 @@ import re
 import shlex
 import string
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +50,9 @@ def test_slurm_script_starts_one_launcher_per_node():
         assert flag in out, out
     assert "--rdzv_endpoint=gpu-node-17:29400" in out and "--rdzv_id=4242" in out, out
     assert "lessons/04_torchrun/train.py --backend nccl --snapshot" in out, out
+    # Slurm does not create --output's folder: the script says to, before it is submitted.
+    folder = str(Path(directives["output"]).parent)
+    assert f"mkdir -p {folder} && sbatch" in text, f"no `mkdir -p {folder}` before sbatch"
 
 
 def test_pytorchjob_has_a_master_and_a_worker_running_the_launcher():
