@@ -322,8 +322,8 @@ def _scale_pytest_timeouts(config, items) -> None:
 # own order, by number of tests, put the 40 s planted hang (two tests) near the end.
 SLOWEST = {
     "test_browser.py": 104, "test_site.py": 104, "test_recorded_outputs.py": 63,
-    "test_grader_hangs.py": 40, "test_course_warmstart.py": 26, "test_notebooks.py": 22,
-    "test_09_debugging.py": 20, "test_course_autograder.py": 19, "test_course_bench.py": 19,
+    "test_course_bench.py": 45, "test_grader_hangs.py": 40, "test_course_warmstart.py": 26,
+    "test_notebooks.py": 22, "test_09_debugging.py": 20, "test_course_autograder.py": 19,
     "test_04_torchrun.py": 18, "test_course_grade_class.py": 17, "test_course_procs.py": 16,
 }  # fmt: skip
 
