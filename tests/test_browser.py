@@ -256,7 +256,7 @@ def test_lesson_page_shows_starter_and_solution_tabs(offline, base_url, artifact
         # At 1280 px no code block, folded ones and both tabs included, scrolls sideways,
         # and every diagram's smallest text is drawn at 12 px or more (the body is 16 px).
         wide = list(dict.fromkeys(wide + wide_code(page)))
-        assert not wide, f"{len(wide)} code blocks scroll sideways:\n" + "\n".join(
+        assert not wide, f"{len(wide)} code blocks or tables scroll sideways:\n" + "\n".join(
             w[:160] for w in wide[:8]
         )
         small = small_diagram_text(page)
@@ -331,8 +331,8 @@ def test_search_finds_a_lesson_by_a_word_from_its_text(offline, base_url, artifa
 # with the same checks.
 @pytest.mark.parametrize(
     "path",
-    ["notebooks/02_ddp_from_a_notebook/", "troubleshooting/", "glossary/"],
-    ids=["notebook", "troubleshooting", "glossary"],
+    ["notebooks/02_ddp_from_a_notebook/", "troubleshooting/", "glossary/", "results/"],
+    ids=["notebook", "troubleshooting", "glossary", "results"],
 )
 def test_pages_load_offline_without_errors(offline, base_url, artifacts, path):
     page = offline.page()
@@ -340,6 +340,8 @@ def test_pages_load_offline_without_errors(offline, base_url, artifacts, path):
     assert response is not None and response.ok, f"{path or 'home'}: HTTP {response.status}"
     title = page.locator("article h1").first
     assert title.is_visible() and title.inner_text().strip()
+    wide = wide_code(page) if offline.scheme == "light" else []
+    assert not wide, f"{len(wide)} code blocks or tables scroll sideways:\n" + "\n".join(wide[:8])
     name = (path.strip("/").replace("/", "-") or "home") + f"-{offline.scheme}.png"
     artifacts.shot(page, name)
     offline.assert_offline()
@@ -365,7 +367,8 @@ def test_the_articles_diagram_needs_its_label_quoted(offline, base_url):
     offline.assert_offline()
 
 
-# Every code block, folded ones and hidden tabs included, fits its column at 1280 px.
+# Every code block, folded ones and hidden tabs included, and every table fits its column at
+# 1280 px.
 OVERFLOWING_CODE = """() => {
   document.querySelectorAll('details').forEach(d => { d.open = true; });
   const wide = [];
@@ -376,6 +379,14 @@ OVERFLOWING_CODE = """() => {
     if (code.scrollWidth > code.clientWidth + 1) {
       wide.push(`${code.scrollWidth}px in ${code.clientWidth}px: ` +
                 code.textContent.split('\\n').find(l => l.length > 80) || '');
+    }
+  }
+  for (const table of document.querySelectorAll('article table')) {
+    if (!table.offsetParent) continue;
+    const wrap = table.closest('.md-typeset__scrollwrap') || table.parentElement;
+    if (wrap.scrollWidth > wrap.clientWidth + 1) {
+      wide.push(`a table, ${wrap.scrollWidth}px in ${wrap.clientWidth}px: ` +
+                table.innerText.slice(0, 60).replace(/\\s+/g, ' '));
     }
   }
   return wide;
@@ -401,7 +412,7 @@ MIN_DIAGRAM_TEXT_PX = 12  # the body text is 16 px
 
 
 def wide_code(page) -> list[str]:
-    """The code blocks of the page, folded ones opened, wider than their column."""
+    """The code blocks (folded ones opened) and tables of the page wider than their column."""
     return list(dict.fromkeys(page.evaluate(OVERFLOWING_CODE)))
 
 

@@ -78,7 +78,8 @@ def render_bench_table(path: str, root: Path = ROOT) -> str:
     (doc,) = _bench_docs([root / path], root)
     commands = "\n".join(f"    {r['command']}" for r in doc["rows"])
     return (
-        f"**{render.title(doc)}**\n\n{render.table(doc, markdown=True)}\n\n"
+        f"**{render.title(doc)}**\n\n"
+        f'<div class="course-bench" markdown>\n\n{render.table(doc, markdown=True)}\n\n</div>\n\n'
         f"*Measured {render.provenance_line(doc)} by `{doc['provenance']['command']}`; "
         f"record: `{path}`.*\n\n"
         f'??? note "The launches behind each row"\n\n    ```text\n{commands}\n    ```\n'
