@@ -10,8 +10,6 @@ buckets DDP all-reduces with a communication hook, and runs train_one_epoch over
 from __future__ import annotations
 
 import json
-import os
-import sys
 import types
 from pathlib import Path
 
@@ -63,16 +61,6 @@ def _rank(rank, world, port, out, lesson_file):
         Path(out, f"{rank}.json").write_text(json.dumps(found))
     finally:
         dist.destroy_process_group()
-    # Leave without tearing the model down. Freeing this frame frees DDP, and with it the
-    # last reference to gloo's process group, whose destructor joins its worker threads
-    # while this thread holds the GIL; a worker still letting go of the Python comm hook's
-    # future needs the GIL too. On PyTorch 2.8, under load, about one grading in seven hung
-    # there after both ranks had finished (one rank gone, the other stopped in
-    # _noting_errors's call of this function, until the case's deadline). The results are
-    # on disk: exit as multiprocessing would, minus the destructors.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 @cases.case
