@@ -133,12 +133,18 @@ def _noting_errors(rank: int, target: Callable, errors: str, *args) -> None:
     and its stderr (C++ included: gloo's abort messages) to errors/rank<R>.err."""
     stderr = os.open(Path(errors, f"rank{rank}.err"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(stderr, 2)
-    _leave_once_destroyed()
     try:
         target(rank, *args)
     except BaseException as err:
         Path(errors, f"rank{rank}.txt").write_text(f"{type(err).__name__}: {err}"[:2000])
         raise
+
+
+def _rank_process(rank: int, target: Callable, errors: str, *args) -> None:
+    """The entry point of a rank process of Cases.spawn (never called in a test's own
+    process, whose later calls of destroy_process_group must not end it)."""
+    _leave_once_destroyed()
+    _noting_errors(rank, target, errors, *args)
 
 
 def _leave_once_destroyed() -> None:
@@ -217,7 +223,7 @@ def _cause(codes: list[int | None]) -> int | None:
 
 
 def _start_and_wait(args: tuple, world: int, method: str) -> None:
-    """torch.multiprocessing.start_processes(_noting_errors, args, world), waited for by the
+    """torch.multiprocessing.start_processes(_rank_process, args, world), waited for by the
     ranks' exit codes, and raising as its join() does when a rank fails.
 
     Its join() waits on each rank's sentinel, a pipe that every process the rank forks
@@ -232,7 +238,7 @@ def _start_and_wait(args: tuple, world: int, method: str) -> None:
     from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
     context = mp.start_processes(
-        _noting_errors, args=args, nprocs=world, start_method=method, join=False
+        _rank_process, args=args, nprocs=world, start_method=method, join=False
     )
     processes = context.processes
     while True:
