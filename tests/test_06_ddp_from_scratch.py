@@ -9,19 +9,17 @@ caps: None (one all-reduce per parameter), 0.012 MB (several buckets), 25 MB (on
 
 This process trains the reference itself: one process, the full batch, rank 0's seed.
 
-Tolerance, from a measured distribution: the ranks average gradients of their shards where
-the reference takes the gradient of the whole batch, so float32 rounding differs. Over 40
-initial seeds (100-139; PyTorch 2.14.1, gloo, both models, the three caps: 240 runs per
-world size) the largest difference from the reference was 4.8e-7 with 2 ranks and 3.5e-7
-with 3 (medians 1.2e-7 and 7.5e-8); on 2x H200 with nccl (torch 2.11, the test's seeds)
-3.0e-8 for the plain model and 1.2e-7 for the tied one. The test allows 1e-4, 200 times the
-worst seen. A
+Tolerance: the ranks average gradients of their shards where the reference takes the
+gradient of the whole batch, so float32 rounding differs. EQUIVALENCE below is measured over
+initial seeds 100-111 (both models, the three caps, 2 and 3 ranks) by `python -m course
+tolerances 06` (docs/results/tolerances/cpu.json); on 2x H200 with nccl (torch 2.11, the
+test's seeds) the difference was 3.0e-8 for the plain model and 1.2e-7 for the tied one. A
 gradient summed and not averaged, a rank that keeps its own initial weights or a step on
 stale gradients is off by 1e-2 or more (the mutants in tests/mutants/lesson_06.py).
 
 The script itself is launched once per backend: 2 ranks x 32 digits for 2 epochs must learn
 (the grader evaluates the saved weights), with identical replicas after every step.
-Measured over seeds 0-5: 90.8-97.5 % test accuracy; the test asks for 80 %.
+LEARNED, its threshold, is measured over seeds 0-5 the same way.
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ from course import lessons, procs
 from course.grader import judge
 from course.grader.calls import CaseFailed
 from course.grader.plugin import call_lesson
+from course.grader.tolerances import seed, tolerance
 from course.probes import weight_log
 from course.probes.weight_log import LOG_ENV as REPLICA_ENV
 
@@ -46,7 +45,12 @@ _spec = importlib.util.spec_from_file_location(
 m = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(m)
 
-ATOL = 1e-4
+EQUIVALENCE = tolerance(
+    "06.equivalence", high=1e-4, seeds=tuple(range(100, 112)),
+    test="test_training_equals_one_process_on_the_full_batch",
+    what="largest weight difference of MiniDDP on 2 and 3 ranks from one process on the full "
+    "batch, after 5 steps",
+)  # fmt: skip
 WORLDS = {"gloo": (("ranks_2", 2), ("ranks_3", 3)), "nccl": (("ranks_nccl", 2),)}
 SCENARIOS = {
     "plain": ("plain-none", f"plain-{m.MID_CAP_MB}", f"plain-{m.LARGE_CAP_MB}"),
@@ -131,9 +135,11 @@ def test_training_equals_one_process_on_the_full_batch(calls, backend, model):
             final = [state(got, scenario, rank, "final") for rank in range(world)]
             worst = max_difference(final[0], want)
             print(f"{world} ranks, {scenario}: largest difference from one process {worst:.2e}")
-            assert worst <= ATOL, (
+            EQUIVALENCE.note(worst, backend)
+            assert worst <= EQUIVALENCE.high, (
                 f"{world} ranks, {scenario}: after {m.STEPS} steps the weights differ from "
-                f"one process trained on the full batch by {worst:.3g} (allowed {ATOL:g}). "
+                f"one process trained on the full batch by {worst:.3g} "
+                f"(allowed {EQUIVALENCE.high:g}). "
                 "Likely cause: the gradients are summed but not divided by the world size, "
                 "a bucket's values go back to the wrong parameters, or a step uses the "
                 "previous step's gradients (state not reset after finish)"
@@ -198,7 +204,11 @@ def test_all_reduces_start_during_backward_without_waiting(calls, backend):
                 )
 
 
-LEARNED = 0.8
+LEARNED = tolerance(
+    "06.learned", low=0.8, seeds=tuple(range(6)),
+    test="test_the_script_learns_the_digits_with_minddp",
+    what="test accuracy the grader evaluates after 2 epochs of MiniDDP on 2 ranks x 32",
+)  # fmt: skip
 _launches: dict = {}
 
 
@@ -209,7 +219,8 @@ def launched(impl, backend, tmp_path_factory):
         folder = tmp_path_factory.mktemp(f"script-{backend}")
         (folder / "replicas").mkdir()
         args = ["--nproc", "2", "--backend", backend, "--epochs", "2", "--batch-size", "32"]
-        args += ["--seed", "0", "--quiet", "--checkpoint", "ckpt.pt", "--metrics-out", "m.json"]
+        args += ["--seed", str(seed(0)), "--quiet", "--checkpoint", "ckpt.pt"]
+        args += ["--metrics-out", "m.json"]
         _launches[backend] = procs.python(
             LESSON.path(impl), *args, timeout=120, cwd=folder, log_dir=folder / "ranks",
             env={REPLICA_ENV: str(folder / "replicas")},
@@ -228,9 +239,10 @@ def test_the_script_learns_the_digits_with_minddp(launched, backend):
         accuracy = judge.digits_accuracy(folder / "ckpt.pt")
     except (FileNotFoundError, ValueError) as err:
         pytest.fail(f"the grader could not evaluate ckpt.pt: {err}", pytrace=False)
-    assert accuracy >= LEARNED, (
+    LEARNED.note(accuracy, backend)
+    assert accuracy >= LEARNED.low, (
         f"after 2 epochs on 2 ranks with MiniDDP the saved model classifies {accuracy:.1%} "
-        f"of the test digits (expected at least {LEARNED:.0%}). Likely cause: the training "
+        f"of the test digits (expected at least {LEARNED.low:.0%}). Likely cause: the training "
         "loop skips finish_gradient_synchronization() or steps before it"
     )
     differs = weight_log.first_difference(folder / "replicas")

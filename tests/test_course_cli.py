@@ -178,6 +178,20 @@ def test_grade_k_grades_one_exercise_and_every_exercise_names_its_own():
         assert chosen == [t for t in tests if t.startswith(f"test_{exercise}_")], script.name
 
 
+def test_the_fsdp2_cases_graded_alone_pass_on_the_reference_every_time():
+    """`course grade 10 -k "fsdp2_trains or resumes_on_3"`: the FSDP2 case is the first
+    to fork ranks from the grader, and their first backward starts autograd's threads.
+    Before the ranks renewed their thread pool at once (course/grader/calls.py), 3 of 5
+    such gradings of the reference failed ("Invalid thread pool!", SIGABRT); three in a
+    row now must all score full marks."""
+    for attempt in range(3):
+        result = course("grade", "10", "-k", "fsdp2_trains or resumes_on_3", "--impl",
+                        "solutions", timeout=300)  # fmt: skip
+        assert result.ok and "2 passed" in result.output, f"attempt {attempt + 1}:\n" + (
+            result.describe(30)
+        )
+
+
 def test_version_is_the_installed_packages():
     """`python -m course --version` says the version pyproject.toml installs
     (read from course.__version__), as results files and records carry it."""

@@ -15,10 +15,11 @@ from course.tools import figures
 
 def parses(verb: str, args: list[str]) -> None:
     """The verb's own parser accepts the arguments the figure would be made with."""
-    from course.tools import bandwidth, bench, grading_cost, timeline
+    from course.tools import bandwidth, bench, grading_cost, timeline, tolerances
 
     parser = {"bench": bench.parser, "bandwidth": bandwidth.parser, "timeline": timeline.parser}
     parser["grading-cost"] = grading_cost.parser
+    parser["tolerances"] = tolerances.parser
     try:
         parser[verb]().parse_args(args)
     except SystemExit as exc:
@@ -34,6 +35,7 @@ def test_every_record_under_docs_results_is_known_with_a_command_that_parses():
     }
     verbs = {f.verb for f in known}
     assert {"bench", "bandwidth", "timeline", "record", "experiment", "grading-cost"} <= verbs
+    assert "tolerances" in verbs
     for figure in known:
         assert figure.date and figure.torch, f"{figure.record}: no date or torch in provenance"
         if figure.verb == "experiment":
@@ -126,7 +128,7 @@ def test_run_makes_what_the_cpu_can_and_says_what_it_skips():
 def test_every_record_writer_names_the_course_version_in_its_provenance():
     """A figure says which version of the course made it (the results page's last column)."""
     import course
-    from course.tools import bandwidth, grading_cost, record, timeline
+    from course.tools import bandwidth, grading_cost, record, timeline, tolerances
     from course.tools.bench.catalogue import Settings
     from course.tools.bench.provenance import provenance as bench_provenance
 
@@ -137,6 +139,7 @@ def test_every_record_writer_names_the_course_version_in_its_provenance():
         "timeline": timeline.provenance([], "gloo"),
         "record": record.provenance(),
         "grading-cost": grading_cost.provenance([]),
+        "tolerances": tolerances.provenance("python -m course tolerances"),
     }
     assert set(made) == set(figures.MADE_BY.values())
     wrong = {

@@ -26,7 +26,7 @@ pytest.importorskip("mkdocs", reason="the site needs mkdocs (the dev extra insta
 import _sitebuild as sitebuild  # noqa: E402
 
 hook = sitebuild.load_hook()  # puts docs/hooks on sys.path: its directives import
-from directives import common, grading, records, snippets  # noqa: E402
+from directives import common, grading, records, snippets, tolerances  # noqa: E402
 
 pytestmark = pytest.mark.timeout(sitebuild.TEST_TIMEOUT_S)  # a test's fixture may build the site
 
@@ -450,6 +450,65 @@ def test_bench_figures_quoted_in_prose_come_from_the_records(tmp_path):
     assert quoted, "lesson 08's page quotes no measured figure"
     out = hook.expand(page, "lessons/08_performance.md")
     assert "[[bench:" not in out
+
+
+def test_tolerances_on_the_pages_come_from_the_record(tmp_path):
+    """<!-- tolerances: NN --> is a lesson's bounds beside what the reference reached, and
+    [[tolerance:NN:NAME]] one of them; an accuracy floor shows as a percentage."""
+    folder = tmp_path / "docs" / "results" / "tolerances"
+    folder.mkdir(parents=True)
+    made = {
+        "date": "2026-12-04 16:00 UTC",
+        "torch": "2.14.1",
+        "command": "python -m course tolerances --out docs/results/tolerances/cpu.json",
+        "cpus": 2,
+        "processor": "X",
+    }
+    gap = {
+        "what": "a gap",
+        "high": 1e-3,
+        "low": None,
+        "min": 3e-8,
+        "median": 4e-6,
+        "max": 2.5e-4,
+        "seen": {str(s): [1e-5] for s in range(12)},
+        **made,
+    }
+    floor = {
+        "what": "accuracy",
+        "high": None,
+        "low": 0.8,
+        "min": 0.908,
+        "median": 0.95,
+        "max": 0.975,
+        "seen": {str(s): [0.9] for s in range(6)},
+        **made,
+    }
+    doc = {
+        "kind": "course-tolerances",
+        "provenance": made,
+        "tolerances": {"03.equivalence": gap, "03.learned": floor, "04.x": gap},
+    }
+    (folder / "cpu.json").write_text(json.dumps(doc), encoding="utf-8")
+    table = re.sub(
+        r"<span[^>]*>([^<]*)</span>", r"\1", tolerances.render_tolerances("03", root=tmp_path)
+    )
+    assert "| a gap | at most 1e-3 | 3e-8 to 2.5e-4 (median 4e-6) | 12 (0–11) |" in table
+    assert "| accuracy | at least 80.0 % | 90.8 % to 97.5 % (median 95.0 %) | 6 (0–5) |" in table
+    assert "04.x" not in table and "2026-12-04" in table and "PyTorch 2.14.1" in table
+    got = tolerances.render_tolerance_figure("03", "equivalence", root=tmp_path)
+    got = re.sub(r"<span[^>]*>([^<]*)</span>", r"\1", got)
+    assert got == "1e-3 (the reference solution reached 3e-8 to 2.5e-4 over 12 seeds)"
+    with pytest.raises(hook.PluginError, match="not in"):
+        tolerances.render_tolerance_figure("03", "nothing", root=tmp_path)
+    with pytest.raises(hook.PluginError, match="no bound of lesson 05"):
+        tolerances.render_tolerances("05", root=tmp_path)
+    # Every lesson page that quotes a bound gets it from the real record.
+    for page in sorted((DOCS / "lessons").glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        if "[[tolerance:" in text or "<!-- tolerances:" in text:
+            out = hook.expand(text, f"lessons/{page.name}")
+            assert "[[tolerance:" not in out and "<!-- tolerances:" not in out, page.name
 
 
 def _page_text(path: Path) -> str:

@@ -14,6 +14,7 @@ python -m course release [--check]         # regenerate lessons/ from solutions/
 python -m course record [NAME ...]         # re-record the outputs the pages show
 python -m course grading-cost [--out F]    # seconds and CPU seconds of grading each lesson
 python -m course figures [--run]          # every figure the site shows, made again
+python -m course tolerances [NN ...]       # measure the tests' bounds over many seeds
 python -m course durations runs/suite.xml  # the suite's seconds by file and kind (--junitxml)
 python -m course timeline --out t.json     # backward and DDP's all-reduces on one time axis
 python -m course clock SCRIPT [ARGS]       # a script's steps and its data-wait fraction
@@ -94,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
         add_help=False,
     )  # fmt: skip
     sub.add_parser("grading-cost", help="seconds and CPU seconds of grading each lesson",
+                   add_help=False)  # fmt: skip
+    sub.add_parser("tolerances", help="measure the lesson tests' bounds over many seeds",
                    add_help=False)  # fmt: skip
     sub.add_parser("figures", help="every figure the site shows, and the command that makes it",
                    add_help=False)  # fmt: skip
@@ -247,6 +250,7 @@ TOOLS = {
     "grade-class": ("grade_class", ()),
     "grading-cost": ("grading_cost", None),
     "figures": ("figures", ValueError),  # figures.UnknownFigure is one
+    "tolerances": ("tolerances", ValueError),
     "durations": ("durations", ()),
     "bench": ("bench", None),  # None: _bad_input()
 }

@@ -13,6 +13,8 @@ by one of the course's own commands, which the record names in its provenance:
   record's provenance, with --out pointed at the record; they need as many GPUs as the
   record was measured on (provenance `gpu_count`);
 - `course grading-cost` records: grading each lesson of the reference, timed (CPU);
+- the `course tolerances` record: each test's bound, measured on the reference over many
+  seeds (CPU);
 - experiments/NAME.txt: the output of experiments/NAME.py, which says in its first line
   what it ran on.
 
@@ -40,6 +42,7 @@ MADE_BY = {  # a record's `kind` -> the course verb that writes it
     "course-timeline": "timeline",
     "course-record": "record",
     "course-grading-cost": "grading-cost",
+    "course-tolerances": "tolerances",
 }
 
 
@@ -119,7 +122,7 @@ def _figure(path: Path, root: Path) -> Figure:
         if verb == "bench" and gpus and "--gpus" not in command:  # as many as it measured,
             gpus = int((doc.get("settings") or {}).get("gpus") or gpus)  # not all there are
             command += ("--gpus", str(gpus))
-        machine = prov.get("device", "")
+        machine = prov.get("device") or prov.get("processor") or ""
         if prov.get("interconnect"):
             machine += f", {prov['interconnect']}"
     # A time measured on the CPU says how fast this many cores are: made again elsewhere, it

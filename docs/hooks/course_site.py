@@ -36,6 +36,9 @@ and it is left alone inside a fenced code block:
     figures``), what that needs, and when and where it was made.
 ``<!-- timeline: docs/results/FOLDER/FILE.json -->``
     A ``python -m course timeline`` record: backward and all-reduce on one time axis.
+``<!-- tolerances: NN -->``
+    Every bound lesson NN's tests allow, and what the reference reached over many seeds
+    (``python -m course tolerances``). Inline, ``[[tolerance:NN:NAME]]`` quotes one.
 ``<!-- bench-plot: docs/results/FOLDER -->``
     The plot of every ``course bench`` record in that folder (or of one record:
     a FILE.json path), drawn at build time. Inline, ``[[bench:FOLDER/FILE:KEY.FIELD]]``
@@ -78,6 +81,7 @@ from directives.records import (  # noqa: E402
 )
 from directives.snippets import find_mermaid_js, render_diff  # noqa: E402
 from directives.solutions import expand_snippets  # noqa: E402
+from directives.tolerances import render_tolerances  # noqa: E402
 
 # Where the site loads mermaid from; mkdocs.yml lists it under extra_javascript.
 MERMAID_DEST = "assets/vendor/mermaid.min.js"
@@ -121,10 +125,12 @@ def expand(markdown: str, src_uri: str) -> str:
                 return render_output(args[0])
             if name == "timeline" and len(args) == 1:
                 return render_timeline(args[0])
+            if name == "tolerances" and len(args) == 1:
+                return render_tolerances(args[0])
         except PluginError as exc:
             raise PluginError(f"{src_uri}: {exc}") from exc
         known = {"diff", "grading", "lesson-card", "lessons-table", "results-table", "sizes"}
-        known |= {"bandwidth-table", "figures-table", "grading-cost-table"}
+        known |= {"bandwidth-table", "figures-table", "grading-cost-table", "tolerances"}
         if name in known | {"bench-table", "bench-plot", "hints", "output", "timeline"}:
             raise PluginError(f"{src_uri}: malformed directive {m.group(0)!r}")
         return m.group(0)

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from course import checkpoint, models
 from course.grader.calls import Cases, Exit, Tensors, exits, raised
+from course.grader.tolerances import seed
 
 cases = Cases()
 FUNCTIONS = ("parse_args", "train_one_epoch", "evaluate", "checkpoint_state", "restore", "main")
@@ -117,7 +118,8 @@ def reference_recipe(lesson):
     compares the weights."""
     argv = ["--device", "cpu", "--batch-size", "128", "--epochs", "2", "--max-steps", "12"]
     argv += ["--norm", "none", "--channels-last"]
-    lesson.main([*argv, "--seed", "3", "--lr", "0.1", "--quiet", "--checkpoint", "ref/last.pt"])
+    chosen = str(seed(3))  # a measurement of the bound runs other seeds (course tolerances)
+    lesson.main([*argv, "--seed", chosen, "--lr", "0.1", "--quiet", "--checkpoint", "ref/last.pt"])
     return {}
 
 

@@ -21,11 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course.grader.tolerances import seed
+
 VOCAB, DIM, SEQ = 16, 16, 8
 STAGES, MICRO, ROWS = 3, 4, 2  # 3 stages, 4 micro-batches of 2 sequences
 STEPS = 3  # per schedule by hand: the first one's gradients are graded, every one's timing
 FORWARD_S = 0.02  # a stage's controlled forward; backward waits twice as long
-SEED = 5
+SEED = seed(5)  # `python -m course tolerances 11` measures the bounds at other seeds
 
 
 class Block(nn.Module):
@@ -148,7 +150,7 @@ def theory(stages: int = STAGES, micro: int = MICRO) -> float:
 # submission cut the weights.
 TP_WORLD, TP_DIM, TP_ROWS = 2, 16, 3
 TP_LR = 0.1
-TP_SEED = 11
+TP_SEED = seed(11)
 
 
 def tp_block():

@@ -1,6 +1,7 @@
 """Measured figures on the pages, each rendered from its JSON record: recorded outputs
 (``<!-- output: -->``, ``[[fact:]]``), result tables, ``course bench`` tables and plots,
-bandwidth tables, the lessons' sizes, and the inline ``[[todo:]]`` and ``[[bench:]]`` references."""
+bandwidth tables, the lessons' sizes, and the inline ``[[todo:]]``, ``[[bench:]]`` and
+``[[tolerance:]]`` references."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from mkdocs.exceptions import PluginError
 
 from course.tools.bench import render
 from directives.common import ROOT, known_figure, lesson_todos, read_record
+from directives.tolerances import render_tolerance_figure
 
 
 def _flatten(record: dict, prefix: str = "") -> dict:
@@ -96,7 +98,9 @@ def render_bench_plot(folder: str, root: Path = ROOT) -> str:
 
 
 # Not inside `code`: a page may show the syntax itself.
-INLINE = re.compile(r"(?<!`)\[\[(?P<kind>fact|todo|bench):(?P<a>[\w./-]+):(?P<b>[\w./-]+)\]\](?!`)")
+INLINE = re.compile(
+    r"(?<!`)\[\[(?P<kind>fact|todo|bench|tolerance):(?P<a>[\w./-]+):(?P<b>[\w./-]+)\]\](?!`)"
+)
 
 
 def render_output(name: str) -> str:
@@ -144,6 +148,8 @@ def render_inline(m: re.Match) -> str:
     kind, a, b = m.group("kind"), m.group("a"), m.group("b")
     if kind == "bench":
         return render_bench_figure(a, b)
+    if kind == "tolerance":
+        return render_tolerance_figure(a, b)
     if kind == "fact":
         facts = read_record(a)["facts"]
         if b not in facts:

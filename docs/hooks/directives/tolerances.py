@@ -1,0 +1,119 @@
+"""The graders' bounds and what the reference reached, from the ``course tolerances`` record:
+``<!-- tolerances: NN -->`` (a lesson's table) and ``[[tolerance:NN:NAME]]`` (one bound, inline).
+
+A page never types a measured tolerance: it quotes docs/results/tolerances/cpu.json, which
+`python -m course tolerances` writes and tests/test_tolerances.py keeps in step with the
+bounds the tests declare. A bound with only a floor is an accuracy in this course (the
+test checks that every such bound is a `learned` one), and shows as a percentage.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+
+from directives.common import ROOT, known_figure
+
+RECORD = Path("docs") / "results" / "tolerances" / "cpu.json"
+
+
+def _doc(root: Path = ROOT) -> dict:
+    path = root / RECORD
+    if not path.is_file():
+        raise PluginError(f"tolerances: no record {RECORD} (`python -m course tolerances`)")
+    known_figure(path, root)
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def number(value: float, percent: bool = False) -> str:
+    """2.5e-4, not 2.5e-04; 0.15; a percentage with one decimal; never split over two
+    lines (a narrow column would break "2.5e-4" at its minus sign)."""
+    if percent:
+        text = f"{value:.1%}".replace("%", " %")
+    elif value == 0:
+        text = "0"
+    elif abs(value) >= 0.01:
+        text = f"{value:.2g}"
+    else:
+        mantissa, exponent = f"{value:.1e}".split("e")
+        text = f"{mantissa.removesuffix('.0')}e{int(exponent)}"
+    return f'<span style="white-space: nowrap">{text}</span>'
+
+
+def _is_floor(entry: dict) -> bool:
+    return entry.get("high") is None and entry.get("low") is not None
+
+
+def allowed(entry: dict) -> str:
+    low, high = entry.get("low"), entry.get("high")
+    if _is_floor(entry):
+        return f"at least {number(low, True)}"
+    if low is None:
+        return f"at most {number(high)}"
+    return f"{number(low)} to {number(high)}"
+
+
+def reached(entry: dict) -> str:
+    percent = _is_floor(entry)
+    if "min" not in entry:
+        return "not measured"
+    lo, hi = number(entry["min"], percent), number(entry["max"], percent)
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def _seeds(entry: dict) -> str:
+    seeds = sorted(int(s) for s, values in entry.get("seen", {}).items() if values)
+    if not seeds:
+        return "none"
+    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{len(seeds)} ({seeds[0]}–{seeds[-1]})"
+    return f"{len(seeds)}"
+
+
+def _entry(doc: dict, key: str) -> dict:
+    entry = doc.get("tolerances", {}).get(key)
+    if entry is None:
+        raise PluginError(f"tolerance {key!r} is not in {RECORD} (`python -m course tolerances`)")
+    return entry
+
+
+def render_tolerance_figure(lesson: str, name: str, root: Path = ROOT) -> str:
+    """[[tolerance:NN:NAME]]: the bound and what the reference reached, to follow "within" or
+    "of": "1e-3 (the reference solution reached 4e-8 to 2.5e-4 over 12 seeds)"."""
+    entry = _entry(_doc(root), f"{lesson}.{name}")
+    low, high = entry.get("low"), entry.get("high")
+    bound = (number(low, True) if _is_floor(entry) else number(high) if low is None
+             else f"{number(low)} to {number(high)}")  # fmt: skip
+    count = len([s for s, values in entry.get("seen", {}).items() if values])
+    return f"{bound} (the reference solution reached {reached(entry)} over {count} seeds)"
+
+
+def render_tolerances(lesson: str, root: Path = ROOT) -> str:
+    """<!-- tolerances: NN -->: every bound lesson NN's tests declare, with what the reference
+    reached over its seeds, and where and when that was measured."""
+    doc = _doc(root)
+    keys = sorted(k for k in doc.get("tolerances", {}) if k.split(".", 1)[0] == lesson)
+    if not keys:
+        raise PluginError(f"tolerances: {RECORD} has no bound of lesson {lesson}")
+    rows = []
+    for key in keys:
+        e = doc["tolerances"][key]
+        percent = _is_floor(e)
+        median = number(e["median"], percent) if "median" in e else "-"
+        rows.append(f"| {e['what']} | {allowed(e)} | {reached(e)} (median {median}) "
+                    f"| {_seeds(e)} |")  # fmt: skip
+    dates = sorted({doc["tolerances"][k]["date"][:10] for k in keys})
+    torches = sorted({doc["tolerances"][k]["torch"] for k in keys})
+    prov = doc.get("provenance", {})
+    return (
+        '<div class="course-bench" markdown>\n\n'
+        "| What the grader measures | Allowed | The reference reached | Seeds |\n"
+        "| --- | --- | --- | --- |\n" + "\n".join(rows) + "\n\n</div>\n\n"
+        f"*Measured on the reference solution by `python -m course tolerances {lesson}` on "
+        f"{', '.join(dates)}: PyTorch {', '.join(torches)}, {prov.get('cpus', '?')} CPU cores "
+        f"({prov.get('processor') or prov.get('machine', '')}), gloo. Record: `{RECORD}`. "
+        "A value outside its bound, an upper bound less than twice the worst value reached, "
+        "or a bound changed since it was measured fails the course's own tests.*\n"
+    )

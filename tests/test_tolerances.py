@@ -1,0 +1,117 @@
+"""Every bound a lesson test allows is measured, and the record says so.
+
+A lesson test declares its bounds (course/grader/tolerances.py); `python -m course tolerances`
+measures each on the reference over many seeds into docs/results/tolerances/cpu.json. This
+file fails when a declared bound has no measurement, was changed since it was measured, or
+has too little room above the worst value the reference reached; and it checks the pieces
+the measurement relies on: a test's seed follows COURSE_TOLERANCE_SEED, note() appends to
+the log only when one is asked for, and the tool keeps what a run saw nearest each bound.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from course import REPO_ROOT, procs
+from course.grader import tolerances
+from course.tools import tolerances as tool
+
+RECORD = REPO_ROOT / tool.RECORD
+
+
+@pytest.fixture(scope="module")
+def declared():
+    return tool.declared()
+
+
+def test_every_lesson_bound_is_declared_measured_and_has_room(declared):
+    """Each declared bound has an entry measured at its current value, on every seed it
+    names, with every value the reference reached inside the bound (a `high`-only bound
+    at least `room` times the worst)."""
+    record = tool.load(RECORD)
+    found = [
+        p for t in declared.values() for p in tool.problems(t, record["tolerances"].get(t.key))
+    ]
+    assert not found, "\n".join(found)
+    stale = sorted(set(record["tolerances"]) - set(declared))
+    assert not stale, f"the record measures bounds no test declares any more: {stale}"
+    lessons = {t.lesson for t in declared.values()}
+    assert lessons >= {"01", "03", "04", "06", "08", "09", "10", "11"}, sorted(lessons)
+
+
+def test_the_checks_catch_a_changed_bound_a_tight_bound_and_a_missing_seed():
+    t = tolerances.Tolerance("99.x", "a gap", "test_x", high=1e-3, seeds=(0, 1))
+    entry = {"high": 1e-3, "low": None, "seen": {"0": [1e-4], "1": [2e-4]}, "failed_seeds": []}
+    assert tool.problems(t, entry) == []
+    assert "measure it again" in tool.problems(t, dict(entry, high=1e-2))[0]
+    tight = dict(entry, seen={"0": [1e-4], "1": [6e-4]})
+    assert "less than 2 times the worst" in tool.problems(t, tight)[0]
+    assert "seeds [1]" in tool.problems(t, dict(entry, seen={"0": [1e-4]}))[0]
+    assert "outside" in tool.problems(t, dict(entry, seen={"0": [1e-4], "1": [2e-3]}))[0]
+    assert "failed" in tool.problems(t, dict(entry, failed_seeds=[1]))[0]
+    assert "not measured" in tool.problems(t, None)[0]
+    floor = tolerances.Tolerance("99.y", "accuracy", "test_y", low=0.8, seeds=(0,))
+    assert tool.problems(floor, {"high": None, "low": 0.8, "seen": {"0": [0.9]}}) == []
+    assert "outside" in tool.problems(floor, {"high": None, "low": 0.8, "seen": {"0": [0.7]}})[0]
+    assert tool.extremes(t, [3e-5, 1e-4, 2e-6]) == [1e-4]
+    assert tool.extremes(floor, [0.91, 0.95]) == [0.91]
+    both = tolerances.Tolerance("99.z", "excess", "test_z", low=-0.05, high=0.15)
+    assert tool.extremes(both, [0.01, 0.04, 0.02]) == [0.01, 0.04]
+
+
+def test_a_seed_and_a_note_follow_the_measurement_environment(tmp_path):
+    """In a grading (no variable set) seed() is the test's own and note() writes nothing;
+    under `course tolerances` both follow the environment, in child processes too."""
+    log = tmp_path / "notes.jsonl"
+    code = (
+        "from course.grader.tolerances import Tolerance, seed\n"
+        "t = Tolerance('99.x', 'a gap', 'test_x', high=1.0)\n"
+        "print(seed(3)); t.note(0.25, 'gloo')\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in (tolerances.SEED_ENV, tolerances.LOG_ENV)}  # fmt: skip
+    plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert plain.stdout.strip() == "3" and not log.exists(), plain.stderr
+    env |= {tolerances.SEED_ENV: "7", tolerances.LOG_ENV: str(log)}
+    measured = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True)  # fmt: skip
+    assert measured.stdout.strip() == "7", measured.stderr
+    (line,) = log.read_text().splitlines()
+    assert json.loads(line) | {"test": ""} == {"key": "99.x", "seen": 0.25, "seed": 7,
+                                               "backend": "gloo", "test": ""}  # fmt: skip
+
+
+def test_the_tool_refuses_an_unknown_bound_in_one_line(declared):
+    result = subprocess.run([sys.executable, "-m", "course", "tolerances", "42.nothing"],
+                            cwd=REPO_ROOT, capture_output=True, text=True)  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "42.nothing" in lines[0], result.stderr
+
+
+def test_the_tool_measures_one_bound_on_the_reference_and_on_the_starter(tmp_path):
+    """`course tolerances 09.ddp_step --seeds 1 --out F` runs the test once, at seed 0, and
+    records what it saw; on the starter (--impl lessons, whose train_step divides the loss
+    by the world size) the test fails, the record says so, and the command exits 1."""
+    out = tmp_path / "t.json"
+    deadline = 120 * procs.timeout_scale()
+    base = [sys.executable, "-m", "course", "tolerances", "09.ddp_step", "--seeds", "1"]
+    run = subprocess.run([*base, "--out", str(out)], cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=deadline)  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr  # one seed of twelve: a problem
+    assert "no value recorded at seeds [1, 2" in run.stdout, run.stdout
+    entry = json.loads(out.read_text())["tolerances"]["09.ddp_step"]
+    assert list(entry["seen"]) == ["0"] and entry["failed_seeds"] == [], entry
+    assert 0 < entry["max"] <= entry["high"] / 2, entry
+    listed = subprocess.run([*base[:4], "--list", "--out", str(out)], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=deadline)  # fmt: skip
+    assert "09.ddp_step" in listed.stdout and "09.oom" in listed.stdout, listed.stdout
+    starter = tmp_path / "starter.json"
+    run = subprocess.run([*base, "--impl", "lessons", "--out", str(starter)], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=deadline)  # fmt: skip
+    entry = json.loads(starter.read_text())["tolerances"]["09.ddp_step"]
+    assert run.returncode == 1 and entry["failed_seeds"] == [0], run.stdout
+    assert entry["max"] > entry["high"], entry  # the planted bug, seen by the same test
