@@ -19,8 +19,14 @@ import torch
 from course import checkpoint, lessons, models, procs
 from course.grader import judge
 from course.grader.plugin import call_lesson
+from course.grader.tolerances import seed, tolerance
 
 LESSON = lessons.get("02")
+LEARNED = tolerance(
+    "02.learned", low=0.9, seeds=tuple(range(6)),
+    test="test_script_trains_on_cpu_and_says_it_is_not_data_parallel",
+    what="test accuracy the grader evaluates after 3 epochs on the CPU",
+)  # fmt: skip
 CASES = Path(__file__).with_name("cases") / "lesson_02.py"
 
 
@@ -34,7 +40,7 @@ def dp(impl, tmp_path_factory):
 def cpu_run(impl, tmp_path_factory):
     """One CPU training run with a checkpoint and a metrics file, shared by three tests."""
     folder = tmp_path_factory.mktemp("dp_cpu")
-    args = ["--device", "cpu", "--epochs", "3", "--quiet"]
+    args = ["--device", "cpu", "--epochs", "3", "--quiet", "--seed", str(seed(0))]
     args += ["--checkpoint", "ckpt/last.pt", "--metrics-out", "metrics.json"]
     result = procs.run([sys.executable, str(LESSON.path(impl)), *args], timeout=90, cwd=folder)
     if not result.ok:
@@ -106,9 +112,10 @@ def test_script_trains_on_cpu_and_says_it_is_not_data_parallel(cpu_run):
     assert metrics["device"] == "cpu" and metrics["data_parallel"] is False
     # Evaluated by the grader from the saved weights, never taken from the run's report.
     accuracy = judge.digits_accuracy(folder / "ckpt" / "last.pt")
-    assert accuracy >= 0.9, (
+    LEARNED.note(accuracy)
+    assert accuracy >= LEARNED.low, (
         f"after 3 epochs the saved model scores {accuracy:.1%} on the test digits "
-        "(the grader's evaluation; expected at least 90 %)"
+        f"(the grader's evaluation; expected at least {LEARNED.low:.0%})"
     )
     assert metrics["global_batch_size"] == 64
 
