@@ -11,6 +11,7 @@ the log only when one is asked for, and the tool keeps what a run saw nearest ea
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -115,3 +116,26 @@ def test_the_tool_measures_one_bound_on_the_reference_and_on_the_starter(tmp_pat
     entry = json.loads(starter.read_text())["tolerances"]["09.ddp_step"]
     assert run.returncode == 1 and entry["failed_seeds"] == [0], run.stdout
     assert entry["max"] > entry["high"], entry  # the planted bug, seen by the same test
+
+
+def test_the_grading_tables_quote_each_bound_as_declared(declared):
+    """A test's docstring is its row in the page's grading table; a bound it quotes ("at
+    least 80 %", "within 5e-5") must be the one the test declares, or the page would say
+    one bound and grade with another."""
+    import importlib
+    from pathlib import Path
+
+    wrong = []
+    for t in declared.values():
+        module = importlib.import_module(Path(t.file).stem)
+        for name in t.test.split():
+            doc = " ".join((getattr(module, name).__doc__ or "").split())
+            if t.high is None:
+                quoted = [float(p) / 100 for p in re.findall(r"(\d+(?:\.\d+)?) %", doc)]
+                wrong += [f"{name}: {q:.0%} for {t.key} ({t.low:.0%})" for q in quoted
+                          if abs(q - t.low) > 1e-9]  # fmt: skip
+            elif t.low is None:
+                quoted = [float(p) for p in re.findall(r"within (\d(?:\.\d+)?e-\d+)", doc)]
+                wrong += [f"{name}: {q:g} for {t.key} ({t.high:g})" for q in quoted
+                          if q != t.high]  # fmt: skip
+    assert not wrong, f"docstrings quote other bounds than their tests declare: {wrong}"
