@@ -33,6 +33,7 @@ def parse_args(argv=None):
     p.add_argument("--dim", type=options.positive_int, default=64, help="model width")
     p.add_argument("--depth", type=options.positive_int, default=2, help="blocks")
     p.add_argument("--steps", type=options.positive_int, default=60)
+    p.add_argument("--seed", type=int, default=0, help="the initial weights' seed")
     return p.parse_args(argv)
 
 
@@ -52,7 +53,7 @@ class _Gathered(torch.autograd.Function):
         flat = F.pad(flat, (0, -flat.numel() % ctx.world))  # as the shards were padded
         mine = torch.empty(flat.numel() // ctx.world, device=flat.device)
         # TODO: sum `flat` over the ranks, keeping on this rank only its own slice, in `mine`.
-        raise NotImplementedError("TODO at 10_sharding/fsdp.py:55 is not done yet")
+        raise NotImplementedError("TODO at 10_sharding/fsdp.py:56 is not done yet")
         return mine / ctx.world, None, None
 
 
@@ -93,7 +94,7 @@ class MiniFSDP(nn.Module):
         send = shard.to(self.compute_dtype) if self.compute_dtype else shard  # cast first
         buffer = torch.empty(send.numel() * self.world, dtype=send.dtype, device=send.device)
         # TODO: start the all-gather of every rank's `send` into `buffer`, without waiting.
-        raise NotImplementedError("TODO at 10_sharding/fsdp.py:96 is not done yet")
+        raise NotImplementedError("TODO at 10_sharding/fsdp.py:97 is not done yet")
         return work, buffer
 
     def _before(self, layer: nn.Module, args) -> None:
@@ -102,7 +103,7 @@ class MiniFSDP(nn.Module):
         # TODO: take this layer's gather (prefetched, or start it now) and wait for it;
         # then start the next layer's gather (self.order, self.position), so that it
         # travels while this layer computes.
-        raise NotImplementedError("TODO at 10_sharding/fsdp.py:105 is not done yet")
+        raise NotImplementedError("TODO at 10_sharding/fsdp.py:106 is not done yet")
         layer.weight = _Gathered.apply(layer.weight_shard, buffer, self.shape[layer.weight_shard])
         self._layer = layer
         # Autograd would keep the full weight until backward: keep a note of it instead.
@@ -125,7 +126,7 @@ class MiniFSDP(nn.Module):
         layer, size, stride, offset = note
         # TODO: backward needs this layer's full weight again: gather it, and return the
         # view autograd saved (size, stride, offset) of the gathered buffer.
-        raise NotImplementedError("TODO at 10_sharding/fsdp.py:128 is not done yet")
+        raise NotImplementedError("TODO at 10_sharding/fsdp.py:129 is not done yet")
 
     def forward(self, *args, **kwargs):
         self.first_forward, self.position = not self.order, 0
@@ -167,7 +168,7 @@ def worker(rank: int, world_size: int, backend: str, port: int, args) -> None:
     torch.set_num_threads(ranks.cpu_share(world_size))
     device = ranks.join_local(rank, world_size, backend, port)
     try:
-        torch.manual_seed(0)
+        torch.manual_seed(args.seed)  # the same initial weights on every rank
         model = models.TinyLM(VOCAB, args.dim, args.depth).to(device)
         whole = 2 * sum(p.nbytes for p in model.parameters())  # with gradients
         fsdp = MiniFSDP(model, DTYPES[args.compute_dtype])

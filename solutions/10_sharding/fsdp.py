@@ -33,6 +33,7 @@ def parse_args(argv=None):
     p.add_argument("--dim", type=options.positive_int, default=64, help="model width")
     p.add_argument("--depth", type=options.positive_int, default=2, help="blocks")
     p.add_argument("--steps", type=options.positive_int, default=60)
+    p.add_argument("--seed", type=int, default=0, help="the initial weights' seed")
     return p.parse_args(argv)
 
 
@@ -196,7 +197,7 @@ def worker(rank: int, world_size: int, backend: str, port: int, args) -> None:
     torch.set_num_threads(ranks.cpu_share(world_size))
     device = ranks.join_local(rank, world_size, backend, port)
     try:
-        torch.manual_seed(0)
+        torch.manual_seed(args.seed)  # the same initial weights on every rank
         model = models.TinyLM(VOCAB, args.dim, args.depth).to(device)
         whole = 2 * sum(p.nbytes for p in model.parameters())  # with gradients
         fsdp = MiniFSDP(model, DTYPES[args.compute_dtype])
