@@ -428,11 +428,15 @@ def test_rendezvous_missing_interface_fails_fast(rendezvous, backend):
 # The reading is --read-ms 2 (64 ms a batch of 32), not the default 0.5: a loader with one
 # worker hides the reading as far as a step lasts, so its ratio is about 1 - step / read.
 # With 16 ms a batch a loaded machine's slower steps hid most of it: one worker (a mutant)
-# measured 0.63 idle, and passed under 0.5 in a loaded CI run. Measured 2026-12-03 on 2
-# cores, --read-ms 2, the reference, 1 worker and 0 workers at once: 4 workers over 0
-# 0.11 idle, 0.08 beside two busy loops, 0.11 beside four; 1 worker 0.88, 0.80, 0.80.
-# The test allows 0.5.
-STARVED_WORKERS, STARVED_RATIO, STARVED_LOSS, STARVED_READ_MS = 4, 0.5, 0.5, 2
+# passed under 0.5 in a loaded CI run. The bound is measured by `python -m course tolerances
+# 09.starved`, 12 runs beside two busy loops (the seed changes nothing here), and the one
+# worker by `--mistakes` (docs/results/tolerances/cpu.json).
+STARVED_WORKERS, STARVED_LOSS, STARVED_READ_MS = 4, 0.5, 2
+STARVED_RATIO = tolerance(
+    "09.starved", high=0.5, busy=2, test="test_starved_workers_cut_the_data_wait",
+    what="starved.py's data wait per step with --workers 4 over --workers 0, the median "
+    "window of each, both runs at once",
+)  # fmt: skip
 _starved: dict = {}
 
 
@@ -477,12 +481,13 @@ def test_starved_workers_cut_the_data_wait(starved):
         assert result.ok, f"--workers {workers}: {result.failure()}"
     (_, none), (_, some) = starved[0], starved[STARVED_WORKERS]
     assert none is not None and some is not None, "the step clock saw no optimizer steps"
-    assert some[1] <= STARVED_RATIO * none[1], (
+    STARVED_RATIO.note(some[1] / none[1] if none[1] else math.inf)
+    assert some[1] <= STARVED_RATIO.high * none[1], (
         f"the loop waited {none[1] * 1000:.1f} ms a step (median window) for data with "
         "--workers 0 "
         f"({none[0]:.0%} of the time) and {some[1] * 1000:.1f} ms with --workers "
         f"{STARVED_WORKERS} ({some[0]:.0%}); "
-        f"expected at most {STARVED_RATIO:g} times the first. Likely cause: make_loader reads "
+        f"expected at most {STARVED_RATIO.high:g} times the first. Likely cause: make_loader reads "
         "every batch in the training process: start `workers` DataLoader processes, and let "
         "them prepare batches ahead"
     )

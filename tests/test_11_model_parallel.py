@@ -50,12 +50,12 @@ EXACT = tolerance(
 )  # fmt: skip
 # The bubble measured by the grader's stages (3 stages, 4 micro-batches, 20 ms forward,
 # 40 ms backward), the median of 3 steps, minus theory's 1/3: `python -m course tolerances
-# 11` runs it 12 times on an idle machine (the seed changes nothing here). The excess is the
-# messages and the layers' own compute, which the grader does not count as busy; beside two
-# busy loops it measured up to 0.47 (0.14 above theory), which is why the bound above is
-# wide. A schedule that runs the micro-batches one after another measured 0.69-0.70.
+# 11` runs it 12 times beside two busy loops, as the CI's two workers load the machine (the
+# seed changes nothing here). The excess is the messages and the layers' own compute, which
+# the grader does not count as busy, and it grows with the load: hence the wide bound. A
+# schedule that runs the micro-batches one after another (a mutant) lands far above it.
 IDLE = tolerance(
-    "11.bubble", low=-0.05, high=0.15, room=1, test="test_the_bubble_is_what_theory_says",
+    "11.bubble", low=-0.05, high=0.15, room=1, busy=2, test="test_the_bubble_is_what_theory_says",
     what="the stages' measured idle fraction of the step minus (p - 1)/(m + p - 1) = 1/3, "
     "GPipe and 1F1B",
 )  # fmt: skip

@@ -23,52 +23,25 @@ shows what each costs.
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
 from pathlib import Path
 
 import pytest
 
 from course import REPO_ROOT, procs
 from course.grader import rules, warm
-from course.tools import release
+from course.tools import mutants, release
 from course.tools.cli import grade_command
-
-MUTANT_DIR = Path(__file__).with_name("mutants")
-
-
-def load(path: Path):
-    spec = importlib.util.spec_from_file_location(f"mutants_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from course.tools.mutants import MUTANT_DIR, load
 
 
 def cases(kind: str):
-    for path in sorted(MUTANT_DIR.glob("lesson_*.py")):
-        module = load(path)
-        number = path.stem.removeprefix("lesson_")
-        for case in getattr(module, kind):
-            file = case.get("file", module.FILE)  # a lesson of several files (09) names one
-            yield pytest.param(number, file, case, id=f"{number}-{case['name']}")
+    for number, file, case in mutants.cases(kind):
+        yield pytest.param(number, file, case, id=f"{number}-{case['name']}")
 
 
 def apply(tmp_path: Path, file: str, case: dict) -> Path:
     """A copy of the solution's lesson folder with `case` written into it; returns --impl."""
-    impl = tmp_path / "impl"
-    folder = Path(file).parent
-    shutil.copytree(REPO_ROOT / "solutions" / folder, impl / folder)
-    target = impl / file
-    source = target.read_text()
-    for edit in [case, *case.get("also", ())]:  # `also`: more edits of the same submission
-        if "file" in edit and impl / edit["file"] != target:  # an edit of another file
-            target.write_text(source)
-            target = impl / edit["file"]
-            source = target.read_text()
-        assert source.count(edit["old"]) == 1, f"{case['name']}: `old` must occur once in {file}"
-        source = source.replace(edit["old"], edit["new"])
-    target.write_text(source)
-    return impl
+    return mutants.apply(tmp_path, file, case)
 
 
 @pytest.fixture(scope="module")

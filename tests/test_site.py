@@ -472,6 +472,11 @@ def test_tolerances_on_the_pages_come_from_the_record(tmp_path):
         "median": 4e-6,
         "max": 2.5e-4,
         "seen": {str(s): [1e-5] for s in range(12)},
+        "mistakes": {
+            "far": {"value": 0.5, "why": "the loss summed", "rejected": True},
+            "near": {"value": 4e-3, "why": "no set_epoch", "rejected": True},
+            "early": {"value": None, "why": "no rank", "rejected": True},
+        },
         **made,
     }
     floor = {
@@ -493,9 +498,16 @@ def test_tolerances_on_the_pages_come_from_the_record(tmp_path):
     table = re.sub(
         r"<span[^>]*>([^<]*)</span>", r"\1", tolerances.render_tolerances("03", root=tmp_path)
     )
-    assert "| a gap | at most 1e-3 | 3e-8 to 2.5e-4 (median 4e-6) | 12 (0–11) |" in table
-    assert "| accuracy | at least 80.0 % | 90.8 % to 97.5 % (median 95.0 %) | 6 (0–5) |" in table
+    assert "| a gap | at most 1e-3 | 3e-8 to 2.5e-4 (median 4e-6) | 4e-3 | 12 (0–11) |" in table
+    assert "| accuracy | at least 80.0 % | 90.8 % to 97.5 % (median 95.0 %) | - | 6 (0–5) |" in (
+        table
+    )
+    assert "    | no set_epoch | a gap | 4e-3 |" in table  # the known mistakes, folded
+    assert "    | no rank | a gap | stopped earlier by another check |" in table
     assert "04.x" not in table and "2026-12-04" in table and "PyTorch 2.14.1" in table
+    doc["tolerances"]["03.learned"]["busy"] = 2  # a timing, measured on a loaded machine
+    (folder / "cpu.json").write_text(json.dumps(doc), encoding="utf-8")
+    assert "| 6 runs beside 2 busy loops |" in tolerances.render_tolerances("03", root=tmp_path)
     got = tolerances.render_tolerance_figure("03", "equivalence", root=tmp_path)
     got = re.sub(r"<span[^>]*>([^<]*)</span>", r"\1", got)
     assert got == "1e-3 (the reference solution reached 3e-8 to 2.5e-4 over 12 seeds)"

@@ -6,6 +6,9 @@ file fails when a declared bound has no measurement, was changed since it was me
 has too little room above the worst value the reference reached; and it checks the pieces
 the measurement relies on: a test's seed follows COURSE_TOLERANCE_SEED, note() appends to
 the log only when one is asked for, and the tool keeps what a run saw nearest each bound.
+It also keeps the other side in step: every known mistake (tests/mutants/) that a bounded
+test catches is measured by that test (`course tolerances --mistakes`), so a page can say
+how far the nearest one lands from the bound.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import pytest
 
 from course import REPO_ROOT, procs
 from course.grader import tolerances
+from course.tools import mutants
 from course.tools import tolerances as tool
 
 RECORD = REPO_ROOT / tool.RECORD
@@ -54,6 +58,9 @@ def test_the_checks_catch_a_changed_bound_a_tight_bound_and_a_missing_seed():
     assert "seeds [1]" in tool.problems(t, dict(entry, seen={"0": [1e-4]}))[0]
     assert "outside" in tool.problems(t, dict(entry, seen={"0": [1e-4], "1": [2e-3]}))[0]
     assert "failed" in tool.problems(t, dict(entry, failed_seeds=[1]))[0]
+    loaded = tolerances.Tolerance("99.t", "a timing", "test_t", high=1e-3, seeds=(0, 1), busy=2)
+    assert "beside 2 busy loops, measured beside 0" in tool.problems(loaded, entry)[0]
+    assert tool.problems(loaded, dict(entry, busy=2)) == []
     assert "not measured" in tool.problems(t, None)[0]
     floor = tolerances.Tolerance("99.y", "accuracy", "test_y", low=0.8, seeds=(0,))
     assert tool.problems(floor, {"high": None, "low": 0.8, "seen": {"0": [0.9]}}) == []
@@ -146,3 +153,56 @@ def test_the_grading_tables_quote_each_bound_as_declared(declared):
             wrong += [f"{name}: {q:g}, not among {sorted(mine['high'])}" for q in quoted
                       if q not in mine["high"]]  # fmt: skip
     assert not wrong, f"docstrings quote other bounds than their tests declare: {wrong}"
+
+
+def test_every_known_mistake_a_bounded_test_catches_is_measured(declared):
+    """For each bound, the mutants whose `caught_by` picks a test that measures it are the
+    ones the record measured (`--mistakes`), each rejected; a mutant that reached a value
+    reached it outside the bound or was stopped by another of the test's checks."""
+    record = tool.load(RECORD)["tolerances"]
+    wrong = []
+    for t in declared.values():
+        expected = {case["name"] for number, _, case in mutants.cases("MUTANTS")
+                    if number == t.lesson and any(mutants.selects(case["caught_by"], n)
+                                                  for n in t.test.split())}  # fmt: skip
+        got = record.get(t.key, {}).get("mistakes", {})
+        if set(got) != expected:
+            wrong.append(f"{t.key}: mutants {sorted(expected)}, measured {sorted(got)} (run "
+                         f"`python -m course tolerances {t.key} --mistakes`)")  # fmt: skip
+        wrong += [f"{t.key}: the mutant {name} passed its tests" for name, m in got.items()
+                  if not m["rejected"]]  # fmt: skip
+    assert not wrong, "\n".join(wrong)
+    measured = [m for e in record.values() for m in e.get("mistakes", {}).values()]
+    assert sum(m["value"] is not None for m in measured) >= 20, measured  # most reach a value
+
+
+def test_a_mistake_is_what_rejected_it_and_the_nearest_is_least_outside():
+    assert tool.outside_by(None, 1e-3, 5e-4) == 0 and tool.outside_by(0.8, None, 0.9) == 0
+    assert tool.outside_by(None, 1e-3, 3e-3) == pytest.approx(2.0)
+    assert tool.outside_by(0.8, None, 0.4) == pytest.approx(0.5)
+    assert tool.outside_by(-0.05, 0.15, 0.25) == pytest.approx(0.5)  # a band: over its width
+    t = tolerances.Tolerance("99.x", "a gap", "test_x", high=1e-3)
+    assert tool.farthest(t, [5e-2, 2e-3, 1e-4]) == 5e-2  # one schedule wrong of several
+    assert tool.farthest(t, [2e-4, 1e-4]) == 2e-4  # caught by another check: the worst inside
+    entry = {"mistakes": {"a": {"value": 5e-2}, "b": {"value": 2e-3}, "c": {"value": None},
+                          "d": {"value": 1e-4}}}  # fmt: skip
+    assert tool.nearest_mistake(t, entry) == ("b", 2e-3)  # d, inside, was caught otherwise
+    assert tool.nearest_mistake(t, {"mistakes": {"c": {"value": None}}}) is None
+
+
+def test_the_tool_measures_a_known_mistake(tmp_path):
+    """`course tolerances 09.ddp_step --mistakes --mutant silent_loss_divided_by_world`: the
+    mutant's run is rejected, and its value, recorded beside the reference's, is far above
+    the bound."""
+    out = tmp_path / "t.json"
+    out.write_text(RECORD.read_text())
+    deadline = 120 * procs.timeout_scale()
+    run = subprocess.run([sys.executable, "-m", "course", "tolerances", "09.ddp_step",
+                          "--mistakes", "--mutant", "silent_loss_divided_by_world", "--out",
+                          str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=deadline)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    entry = json.loads(out.read_text())["tolerances"]["09.ddp_step"]
+    mistake = entry["mistakes"]["silent_loss_divided_by_world"]
+    assert mistake["rejected"] and mistake["value"] > 10 * entry["high"], mistake
+    assert "silent_loss_divided_by_world" in run.stdout, run.stdout

@@ -10,6 +10,9 @@ it, and the seeds it is measured over:
     EQUIVALENCE.note(worst)
     assert worst <= EQUIVALENCE.high, "..."
 
+A bound on a timing (a bubble, a data wait) declares `busy=2`: the tool measures it beside
+two processes that spin on a core each, as the CI's two pytest workers load the machine.
+
 `python -m course tolerances` runs each declaring test on the reference solution once per
 seed, with COURSE_TOLERANCE_SEED set (`seed()` returns it) and COURSE_TOLERANCE_LOG naming a
 file that `note()` appends what it saw to. It writes the distribution, with provenance, to
@@ -40,6 +43,7 @@ class Tolerance:
     low: float | None = None  # seen >= low passes
     seeds: tuple[int, ...] = SEEDS
     room: float = 2.0  # a `high`-only bound is at least this many times the worst seen
+    busy: int = 0  # a timing bound: measured beside this many busy loops, as a loaded CI runs it
     file: str = field(default="", compare=False)  # the declaring test file, relative
 
     @property
@@ -74,12 +78,12 @@ DECLARED: dict[str, Tolerance] = {}
 
 def tolerance(key: str, *, what: str, test: str, high: float | None = None,
               low: float | None = None, seeds: tuple[int, ...] = SEEDS,
-              room: float = 2.0) -> Tolerance:  # fmt: skip
+              room: float = 2.0, busy: int = 0) -> Tolerance:  # fmt: skip
     """Declare a bound (see the module's docstring); called at a test module's top level."""
     if "." not in key or (high is None and low is None):
         raise ValueError(f"tolerance {key!r}: a key 'NN.name' and a high or low bound")
     caller = sys._getframe(1).f_globals.get("__file__", "")
-    made = Tolerance(key, " ".join(what.split()), test, high, low, tuple(seeds), room,
+    made = Tolerance(key, " ".join(what.split()), test, high, low, tuple(seeds), room, busy,
                      _relative(caller))  # fmt: skip
     known = DECLARED.get(key)
     if known is not None and known.file != made.file:

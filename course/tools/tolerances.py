@@ -4,6 +4,7 @@
     python -m course tolerances 03 10.fsdp2      # one lesson's bounds, or one bound
     python -m course tolerances 09 --seeds 2     # each bound's first 2 seeds only: a try
     python -m course tolerances --list           # the declared bounds, and what is recorded
+    python -m course tolerances 10 --mistakes    # where the known mistakes land instead
 
 A lesson test declares each bound it grades with (course/grader/tolerances.py). This command
 runs the test that measures a bound on the reference solution once per seed of the bound,
@@ -12,17 +13,23 @@ docs/results/tolerances/cpu.json (bounds not measured this time keep their entri
 pages quote that record, and tests/test_tolerances.py checks that every declared bound is
 measured there with its current value, and has room above the worst value the reference
 reached. Run it after changing a bound, a test's recipe or a lesson's reference.
+
+With --mistakes it measures the other side: each mutant of tests/mutants/ (a mistake a
+student makes) whose `caught_by` picks a bounded test runs that test once, at its own seed,
+and the record keeps, beside the reference's values, the value each mistake reached.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +38,7 @@ from pathlib import Path
 import course
 from course import REPO_ROOT, atomic, procs
 from course.grader import tolerances
+from course.tools import mutants
 
 KIND = "course-tolerances"
 RECORD = Path("docs") / "results" / "tolerances" / "cpu.json"
@@ -103,6 +111,9 @@ def problems(t: tolerances.Tolerance, entry: dict | None) -> list[str]:
         if entry.get(field) != getattr(t, field):
             found.append(f"{t.key}: the test allows {field} {getattr(t, field)}, the record "
                          f"measured against {entry.get(field)}: measure it again")  # fmt: skip
+    if entry.get("busy", 0) != t.busy:
+        found.append(f"{t.key}: declared to be measured beside {t.busy} busy loops, measured "
+                     f"beside {entry.get('busy', 0)}: measure it again")  # fmt: skip
     if entry.get("failed_seeds"):
         found.append(f"{t.key}: its test failed on the reference at seeds {entry['failed_seeds']}")
     seeds = {int(s) for s, values in entry.get("seen", {}).items() if values}
@@ -145,19 +156,33 @@ def _processor() -> str:
     return platform.processor()
 
 
+@contextlib.contextmanager
+def busy_loops(count: int):
+    """`count` processes that spin on a core each, for a timing bound's measurement: what the
+    CI's two pytest workers do to a lesson's timing. Killed on the way out."""
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                 start_new_session=True) for _ in range(count)]  # fmt: skip
+    try:
+        yield
+    finally:
+        for spinner in spinning:
+            spinner.kill()
+            spinner.wait()
+
+
 def measure(picked: list[tolerances.Tolerance], impl: Path, limit: int | None,
             root: Path = REPO_ROOT) -> dict[str, dict]:  # fmt: skip
     """Run each (test file, test) once per seed; what note() saw, by key and seed."""
-    groups: dict[str, list[tolerances.Tolerance]] = {}  # by test file: one pytest a seed
+    groups: dict[tuple, list[tolerances.Tolerance]] = {}  # by file and load: a pytest a seed
     for t in picked:
-        groups.setdefault(t.file, []).append(t)
+        groups.setdefault((t.file, t.busy), []).append(t)
     seen: dict[str, dict[str, list[float]]] = {t.key: {} for t in picked}
     failed: dict[str, list[int]] = {t.key: [] for t in picked}
 
     def seeds_of(t):
         return t.seeds[:limit] if limit else t.seeds
 
-    for file, members in groups.items():
+    for (file, busy), members in groups.items():
         for s in sorted({s for t in members for s in seeds_of(t)}):
             tests = dict.fromkeys(n for t in members if s in seeds_of(t) for n in t.test.split())
             nodes = [f"{root / file}::{name}" for name in tests]
@@ -166,7 +191,8 @@ def measure(picked: list[tolerances.Tolerance], impl: Path, limit: int | None,
                 command = [sys.executable, "-m", "pytest", *nodes, f"--impl={impl}", "-q",
                            "--no-header", "-p", "no:cacheprovider", "-p", "no:xdist"]  # fmt: skip
                 env = {tolerances.SEED_ENV: str(s), tolerances.LOG_ENV: str(log), "TMPDIR": tmp}
-                run = procs.run(command, timeout=DEADLINE_S, cwd=root, env=env)
+                with busy_loops(busy):
+                    run = procs.run(command, timeout=DEADLINE_S, cwd=root, env=env)
                 lines = log.read_text().splitlines() if log.is_file() else []
             notes = [json.loads(line) for line in lines]
             for t in members:
@@ -195,27 +221,100 @@ def _last_line(run: procs.RunResult) -> str:
     return lines[-1] if lines else f"exit code {run.returncode}, no output"
 
 
+def beyond(t: tolerances.Tolerance, value: float) -> float:
+    """How far `value` lies outside t's bound, as a fraction of it (0 inside)."""
+    return outside_by(t.low, t.high, value)
+
+
+def outside_by(low: float | None, high: float | None, value: float) -> float:
+    """How far `value` lies outside [low, high], as a fraction of the bound (0 inside):
+    (v - high) / high over a `high`, (low - v) / low under a `low`, the distance over
+    the band's width for a band."""
+    scale = (high - low) if high is not None and low is not None else abs(
+        high if high is not None else low) or 1.0  # fmt: skip
+    over = value - high if high is not None and value > high else 0.0
+    under = low - value if low is not None and value < low else 0.0
+    return max(over, under) / scale
+
+
+def farthest(t: tolerances.Tolerance, values: list[float]) -> float:
+    """Of what a mistake's run saw (a test may note several values, one a schedule, say), the
+    one farthest outside the bound: what rejected it; if none is outside, the worst inside."""
+    out = max(values, key=lambda v: beyond(t, v))
+    return out if beyond(t, out) > 0 else worst(t, values)
+
+
+def measure_mistakes(picked: list[tolerances.Tolerance], root: Path = REPO_ROOT,
+                     only: list[str] | None = None) -> dict[str, dict]:  # fmt: skip
+    """Each mutant whose `caught_by` picks a test that measures a picked bound: that test on
+    the mutant, once, at its own seed; by key, what each mistake reached."""
+    found: dict[str, dict] = {t.key: {} for t in picked}
+    for number, file, case in mutants.cases("MUTANTS", root / "tests" / "mutants"):
+        if only and case["name"] not in only:
+            continue
+        hit = {t: [n for n in t.test.split() if mutants.selects(case["caught_by"], n)]
+               for t in picked if t.lesson == number}  # fmt: skip
+        hit = {t: names for t, names in hit.items() if names}
+        if not hit:
+            continue
+        nodes = dict.fromkeys(f"{root / t.file}::{n}" for t, names in hit.items() for n in names)
+        with tempfile.TemporaryDirectory() as tmp:
+            impl = mutants.apply(Path(tmp), file, case, root)
+            log = Path(tmp) / "notes.jsonl"
+            command = [sys.executable, "-m", "pytest", *nodes, f"--impl={impl}", "-q",
+                       "--no-header", "-p", "no:cacheprovider", "-p", "no:xdist"]  # fmt: skip
+            env = {tolerances.LOG_ENV: str(log), "TMPDIR": tmp}
+            with busy_loops(max(t.busy for t in hit)):
+                run = procs.run(command, timeout=DEADLINE_S, cwd=root, env=env)
+            notes = [json.loads(line) for line in log.read_text().splitlines()] if (
+                log.is_file()) else []  # fmt: skip
+        for t in hit:
+            values = [n["seen"] for n in notes
+                      if n["key"] == t.key and n.get("backend") in (None, "gloo")]  # fmt: skip
+            shown = f"{farthest(t, values):.3g}" if values else "nothing noted"
+            print(f"{t.key:<22} {case['name']:<34} {shown}  [{run.seconds:.0f} s, "
+                  f"{'passed' if run.ok else 'rejected'}]", flush=True)  # fmt: skip
+            # None: the test stopped this mistake before it measured this bound
+            value = float(f"{farthest(t, values):.3g}") if values else None
+            found[t.key][case["name"]] = dict(value=value, why=case["why"], rejected=not run.ok)
+    return found
+
+
 def entry(t: tolerances.Tolerance, measured: dict, prov: dict) -> dict:
     values = [v for vs in measured["seen"].values() for v in vs]
     return {
         "what": t.what, "file": t.file, "test": t.test, "high": t.high, "low": t.low,
-        "room": t.room, **(summary(values) if values else {}), "seen": measured["seen"],
+        "room": t.room, "busy": t.busy, **(summary(values) if values else {}),
+        "seen": measured["seen"],
         "failed_seeds": measured["failed_seeds"], "date": prov["date"], "torch": prov["torch"],
         "command": prov["command"],
     }  # fmt: skip
 
 
 def _table(found: dict, doc: dict) -> str:
-    rows = [("bound", "allowed", "reference: min / median / max", "seeds", "problems")]
+    rows = [("bound", "allowed", "reference: min / median / max", "seeds", "nearest mistake",
+             "problems")]  # fmt: skip
     for t in found.values():
         e = doc["tolerances"].get(t.key)
         spread = (f"{e['min']:.2g} / {e['median']:.2g} / {e['max']:.2g}"
                   if e and "min" in e else "-")  # fmt: skip
         seeds = str(len([s for s, v in e["seen"].items() if v])) if e else "0"
-        rows.append((t.key, t.bounds(), spread, seeds, str(len(problems(t, e))) or ""))
+        mistake = nearest_mistake(t, e) if e else None
+        shown = f"{mistake[1]:.2g} ({mistake[0]})" if mistake else "-"
+        rows.append((t.key, t.bounds(), spread, seeds, shown, str(len(problems(t, e)))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
                      for r in rows)  # fmt: skip
+
+
+def nearest_mistake(t: tolerances.Tolerance, entry: dict) -> tuple[str, float] | None:
+    """(name, value) of the recorded mistake nearest the bound from outside it, if any."""
+    outside = {name: m["value"] for name, m in entry.get("mistakes", {}).items()
+               if m["value"] is not None and beyond(t, m["value"]) > 0}  # fmt: skip
+    if not outside:
+        return None
+    name = min(outside, key=lambda n: beyond(t, outside[n]))
+    return name, outside[name]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -230,6 +329,13 @@ def parser() -> argparse.ArgumentParser:
     made.add_argument("--impl", default="solutions", help="the folder measured (solutions)")
     made.add_argument("--out", default=str(RECORD), help=f"the record ({RECORD})")
     made.add_argument("--list", action="store_true", help="the bounds and the record's state")
+    made.add_argument(
+        "--mistakes",
+        action="store_true",
+        help="measure the mutants (tests/mutants/) instead of the reference",
+    )
+    made.add_argument("--mutant", action="append", metavar="NAME",
+                      help="with --mistakes: only this mutant (repeatable)")  # fmt: skip
     return made
 
 
@@ -247,6 +353,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from course import lessons
 
+    path = out if out.is_absolute() else REPO_ROOT / out
+    if args.mistakes:
+        return _mistakes(picked, doc, path, args, argv)
+    if args.mutant:
+        parser_.error("--mutant goes with --mistakes")
     impl = lessons.resolve_impl(args.impl)
     start = time.monotonic()
     measured = measure(picked, impl, args.seeds)
@@ -255,9 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     doc["provenance"] = prov
     ran = dict(prov, command=" ".join(["python -m course tolerances", *(argv or sys.argv[1:])]))
     for t in picked:
+        kept = doc["tolerances"].get(t.key, {}).get("mistakes")  # --mistakes measures those
         doc["tolerances"][t.key] = entry(t, measured[t.key], ran)
+        if kept:
+            doc["tolerances"][t.key]["mistakes"] = kept
     doc["tolerances"] = dict(sorted(doc["tolerances"].items()))
-    path = out if out.is_absolute() else REPO_ROOT / out
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_json(doc, path, indent=1)
     print(f"\n{_table({t.key: t for t in picked}, doc)}")
@@ -266,3 +379,28 @@ def main(argv: list[str] | None = None) -> int:
     for p in wrong:
         print(f"problem: {p}")
     return 1 if wrong else 0
+
+
+def _mistakes(picked: list, doc: dict, path: Path, args, argv) -> int:
+    """--mistakes: each bound's entry gains what the mutants reached (the reference's values
+    stay as they are); a bound the reference was never measured at is refused."""
+    unmeasured = [t.key for t in picked if t.key not in doc["tolerances"]]
+    if unmeasured:
+        raise ValueError(f"measure the reference first: `python -m course tolerances "
+                         f"{' '.join(unmeasured)}`")  # fmt: skip
+    known = {case["name"] for _, _, case in mutants.cases("MUTANTS")}
+    unknown = sorted(set(args.mutant or ()) - known)
+    if unknown:
+        raise ValueError(f"no mutant {', '.join(unknown)} in tests/mutants/")
+    start = time.monotonic()
+    found = measure_mistakes(picked, only=args.mutant)
+    command = " ".join(["python -m course tolerances", *(argv or sys.argv[1:])])
+    for t in picked:
+        e = doc["tolerances"][t.key]
+        mine = found[t.key] if not args.mutant else {**e.get("mistakes", {}), **found[t.key]}
+        e["mistakes"] = dict(sorted(mine.items()))
+        e["mistakes_command"] = command
+    atomic.write_json(doc, path, indent=1)
+    print(f"\n{_table({t.key: t for t in picked}, doc)}")
+    print(f"\nwrote {args.out} in {time.monotonic() - start:.0f} s")
+    return 0

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
+from course.tools.tolerances import outside_by
 from directives.common import ROOT, known_figure
 
 RECORD = Path("docs") / "results" / "tolerances" / "cpu.json"
@@ -67,6 +68,8 @@ def _seeds(entry: dict) -> str:
     seeds = sorted(int(s) for s, values in entry.get("seen", {}).items() if values)
     if not seeds:
         return "none"
+    if entry.get("busy"):  # a timing: repeated runs, the machine loaded as the CI loads it
+        return f"{len(seeds)} runs beside {entry['busy']} busy loops"
     if seeds == list(range(seeds[0], seeds[-1] + 1)):
         return f"{len(seeds)} ({seeds[0]}–{seeds[-1]})"
     return f"{len(seeds)}"
@@ -97,23 +100,53 @@ def render_tolerances(lesson: str, root: Path = ROOT) -> str:
     keys = sorted(k for k in doc.get("tolerances", {}) if k.split(".", 1)[0] == lesson)
     if not keys:
         raise PluginError(f"tolerances: {RECORD} has no bound of lesson {lesson}")
-    rows = []
+    rows, mistakes = [], []
     for key in keys:
         e = doc["tolerances"][key]
         percent = _is_floor(e)
         median = number(e["median"], percent) if "median" in e else "-"
         rows.append(f"| {e['what']} | {allowed(e)} | {reached(e)} (median {median}) "
-                    f"| {_seeds(e)} |")  # fmt: skip
+                    f"| {_nearest_mistake(e)} | {_seeds(e)} |")  # fmt: skip
+        for m in e.get("mistakes", {}).values():
+            value = ("stopped earlier by another check" if m["value"] is None
+                     else number(m["value"], percent))  # fmt: skip
+            if m["value"] is not None and not _beyond(e, m["value"]):
+                value += ", inside the bound: another check caught it"
+            mistakes.append(f"    | {m['why']} | {e['what']} | {value} |")
     dates = sorted({doc["tolerances"][k]["date"][:10] for k in keys})
     torches = sorted({doc["tolerances"][k]["torch"] for k in keys})
     prov = doc.get("provenance", {})
+    known = ""
+    if mistakes:
+        known = (
+            '??? note "The known mistakes, measured by the same tests"\n\n'
+            "    Each mistake of the course's mutation tests (`tests/mutants/`) that a bounded "
+            "test catches, run through that test once at its own seed by `python -m course "
+            f"tolerances {lesson} --mistakes`:\n\n"
+            "    | The mistake | What the grader measures | It reached |\n"
+            "    | --- | --- | --- |\n" + "\n".join(mistakes) + "\n\n"
+        )
     return (
         '<div class="course-bench" markdown>\n\n'
-        "| What the grader measures | Allowed | The reference reached | Seeds |\n"
-        "| --- | --- | --- | --- |\n" + "\n".join(rows) + "\n\n</div>\n\n"
+        "| What the grader measures | Allowed | The reference reached | Nearest mistake "
+        "| Seeds |\n| --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n\n</div>\n\n"
         f"*Measured on the reference solution by `python -m course tolerances {lesson}` on "
         f"{', '.join(dates)}: PyTorch {', '.join(torches)}, {prov.get('cpus', '?')} CPU cores "
         f"({prov.get('processor') or prov.get('machine', '')}), gloo. Record: `{RECORD}`. "
         "A value outside its bound, an upper bound less than twice the worst value reached, "
-        "or a bound changed since it was measured fails the course's own tests.*\n"
+        "or a bound changed since it was measured fails the course's own tests. The nearest "
+        "mistake is the value nearest the bound, from outside it, that one of the known "
+        "mistakes below reached.*\n\n" + known
     )
+
+
+def _beyond(entry: dict, value: float) -> float:
+    return outside_by(entry.get("low"), entry.get("high"), value)
+
+
+def _nearest_mistake(entry: dict) -> str:
+    values = [m["value"] for m in entry.get("mistakes", {}).values() if m["value"] is not None]
+    outside = [v for v in values if _beyond(entry, v) > 0]
+    if not outside:
+        return "-"
+    return number(min(outside, key=lambda v: _beyond(entry, v)), _is_floor(entry))
