@@ -36,6 +36,7 @@ def parse_args(argv=None):
     p.add_argument("--dim", type=options.positive_int, default=64, help="model width")
     p.add_argument("--depth", type=options.positive_int, default=4, help="blocks, all stages")
     p.add_argument("--steps", type=options.positive_int, default=60)
+    p.add_argument("--seed", type=int, default=0, help="the initial weights' seed")
     p.add_argument("--stage-ms", type=options.non_negative_float, default=0.0,
                    help="a controlled cost: each stage's forward also waits this long, its "
                    "backward twice as long (to measure the bubble)")  # fmt: skip
@@ -45,13 +46,13 @@ def parse_args(argv=None):
     return args
 
 
-def build_stage(rank: int, world: int, dim: int, depth: int) -> nn.Sequential:
+def build_stage(rank: int, world: int, dim: int, depth: int, seed: int = 0) -> nn.Sequential:
     """Stage `rank` of `world`. Every rank builds the whole model from one seed (the
     weights one process would have), then keeps its own slice of the blocks; the first
     stage also keeps the embedding, the last the final norm and the output head."""
     if depth < world:
         raise ValueError(f"--depth {depth}: fewer blocks than the {world} stages")
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     layers = [nn.Embedding(VOCAB, dim), *(models.Block(dim) for _ in range(depth))]
     layers += [nn.LayerNorm(dim), nn.Linear(dim, VOCAB)]
     cuts = [1 + depth * r // world for r in range(world + 1)]  # block r's first layer
@@ -103,7 +104,7 @@ def forward_step(pipe: Pipe, tokens, targets, micro_batches: int):
     micro_batches (the step's loss is then their sum, the whole batch's mean)."""
     # TODO: take the input (the tokens on the first stage, else the previous stage's
     # activation), run the stage, then send the activation on, or make the loss.
-    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:106 is not done yet")
+    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:107 is not done yet")
     if pipe.last:
         pipe.losses.append(y.detach())
     return x, y
@@ -113,7 +114,7 @@ def backward_step(pipe: Pipe, x: torch.Tensor, y: torch.Tensor) -> None:
     """One micro-batch backward through this stage, from its loss (last stage) or from
     the gradient the next stage sends; the input's gradient goes to the previous stage."""
     # TODO: backward from y, then send the input's gradient back (not from the first stage).
-    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:116 is not done yet")
+    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:117 is not done yet")
 
 
 def gpipe(pipe: Pipe, inputs: list, targets: list) -> torch.Tensor | None:
@@ -121,7 +122,7 @@ def gpipe(pipe: Pipe, inputs: list, targets: list) -> torch.Tensor | None:
     stage) or None."""
     # TODO: run forward_step for each micro-batch, keeping what it returns; then
     # backward_step for each, in the same order.
-    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:124 is not done yet")
+    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:125 is not done yet")
     return pipe.finish()
 
 
@@ -132,7 +133,7 @@ def one_f_one_b(pipe: Pipe, inputs: list, targets: list) -> torch.Tensor | None:
     m = len(inputs)
     # TODO: warm up with the forwards that fill the stages after this one, then alternate
     # one forward with the oldest micro-batch's backward, then finish the backwards.
-    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:135 is not done yet")
+    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:136 is not done yet")
     return pipe.finish()
 
 
@@ -150,7 +151,7 @@ def torch_schedule(stage: nn.Module, pipe: Pipe, name: str, micro_batches: int):
 
     # TODO: wrap the module in a PipelineStage (this rank's stage of pipe.world), and make
     # the schedule `name` asks for over micro_batches, with loss_fn.
-    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:153 is not done yet")
+    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:154 is not done yet")
 
 
 # --8<-- [end:torch]
@@ -160,7 +161,8 @@ def worker(rank: int, world: int, backend: str, port: int, args) -> None:
     torch.set_num_threads(ranks.cpu_share(world))
     device = ranks.join_local(rank, world, backend, port)
     try:
-        watched = Watched(build_stage(rank, world, args.dim, args.depth), args.stage_ms / 1e3)
+        stage = build_stage(rank, world, args.dim, args.depth, args.seed)
+        watched = Watched(stage, args.stage_ms / 1e3)
         watched.to(device)
         m, size = args.micro_batches, args.batch_size // args.micro_batches
         pipe = Pipe(watched, rank, world, (size, 16, args.dim), device)  # 16 tokens a row

@@ -32,6 +32,7 @@ def parse_args(argv=None):
     p.add_argument("--dim", type=options.positive_int, default=64, help="model width")
     p.add_argument("--depth", type=options.positive_int, default=2, help="blocks")
     p.add_argument("--steps", type=options.positive_int, default=60)
+    p.add_argument("--seed", type=int, default=0, help="the initial weights' seed")
     return p.parse_args(argv)
 
 
@@ -47,7 +48,7 @@ class CopyToRanks(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # TODO: the input's gradient is the sum of every rank's: return it.
-        raise NotImplementedError("TODO at 11_model_parallel/tensor.py:50 is not done yet")
+        raise NotImplementedError("TODO at 11_model_parallel/tensor.py:51 is not done yet")
 
 
 class SumOverRanks(torch.autograd.Function):
@@ -57,7 +58,7 @@ class SumOverRanks(torch.autograd.Function):
     @staticmethod
     def forward(ctx, partial):
         # TODO: return the sum of `partial` over the ranks.
-        raise NotImplementedError("TODO at 11_model_parallel/tensor.py:60 is not done yet")
+        raise NotImplementedError("TODO at 11_model_parallel/tensor.py:61 is not done yet")
 
     @staticmethod
     def backward(ctx, grad):
@@ -73,12 +74,12 @@ class ParallelMLP(nn.Module):
         super().__init__()
         # TODO: keep this rank's slice of up's weight and bias, and of down's weight (as
         # nn.Parameters, copies); down's bias whole.
-        raise NotImplementedError("TODO at 11_model_parallel/tensor.py:76 is not done yet")
+        raise NotImplementedError("TODO at 11_model_parallel/tensor.py:77 is not done yet")
 
     def forward(self, x):
         # TODO: x (the same on every rank) -> f -> up's slice -> gelu -> down's slice ->
         # g -> plus down's bias.
-        raise NotImplementedError("TODO at 11_model_parallel/tensor.py:81 is not done yet")
+        raise NotImplementedError("TODO at 11_model_parallel/tensor.py:82 is not done yet")
 
 
 class ParallelBlock(nn.Module):
@@ -105,7 +106,7 @@ def parallelize(block: models.Block, mesh) -> models.Block:
     )
 
     # TODO: parallelize the block's up and down layers on the mesh, and return the block.
-    raise NotImplementedError("TODO at 11_model_parallel/tensor.py:108 is not done yet")
+    raise NotImplementedError("TODO at 11_model_parallel/tensor.py:109 is not done yet")
 
 
 # --8<-- [end:dtensor]
@@ -114,7 +115,7 @@ def parallelize(block: models.Block, mesh) -> models.Block:
 def build(rank: int, world: int, device, args, split: str):
     """The model, the same weights on every rank (one seed), its blocks split by `split`;
     and, with --split dtensor, the group of this rank's data-parallel replicas."""
-    torch.manual_seed(0)  # built in pipeline.py's order: the same weights as there
+    torch.manual_seed(args.seed)  # built in pipeline.py's order: the same weights as there
     embed, blocks = (
         nn.Embedding(VOCAB, args.dim),
         [models.Block(args.dim) for _ in range(args.depth)],

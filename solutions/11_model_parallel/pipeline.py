@@ -36,6 +36,7 @@ def parse_args(argv=None):
     p.add_argument("--dim", type=options.positive_int, default=64, help="model width")
     p.add_argument("--depth", type=options.positive_int, default=4, help="blocks, all stages")
     p.add_argument("--steps", type=options.positive_int, default=60)
+    p.add_argument("--seed", type=int, default=0, help="the initial weights' seed")
     p.add_argument("--stage-ms", type=options.non_negative_float, default=0.0,
                    help="a controlled cost: each stage's forward also waits this long, its "
                    "backward twice as long (to measure the bubble)")  # fmt: skip
@@ -45,13 +46,13 @@ def parse_args(argv=None):
     return args
 
 
-def build_stage(rank: int, world: int, dim: int, depth: int) -> nn.Sequential:
+def build_stage(rank: int, world: int, dim: int, depth: int, seed: int = 0) -> nn.Sequential:
     """Stage `rank` of `world`. Every rank builds the whole model from one seed (the
     weights one process would have), then keeps its own slice of the blocks; the first
     stage also keeps the embedding, the last the final norm and the output head."""
     if depth < world:
         raise ValueError(f"--depth {depth}: fewer blocks than the {world} stages")
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     layers = [nn.Embedding(VOCAB, dim), *(models.Block(dim) for _ in range(depth))]
     layers += [nn.LayerNorm(dim), nn.Linear(dim, VOCAB)]
     cuts = [1 + depth * r // world for r in range(world + 1)]  # block r's first layer
@@ -211,7 +212,8 @@ def worker(rank: int, world: int, backend: str, port: int, args) -> None:
     torch.set_num_threads(ranks.cpu_share(world))
     device = ranks.join_local(rank, world, backend, port)
     try:
-        watched = Watched(build_stage(rank, world, args.dim, args.depth), args.stage_ms / 1e3)
+        stage = build_stage(rank, world, args.dim, args.depth, args.seed)
+        watched = Watched(stage, args.stage_ms / 1e3)
         watched.to(device)
         m, size = args.micro_batches, args.batch_size // args.micro_batches
         pipe = Pipe(watched, rank, world, (size, 16, args.dim), device)  # 16 tokens a row

@@ -32,6 +32,7 @@ def parse_args(argv=None):
     p.add_argument("--dim", type=options.positive_int, default=64, help="model width")
     p.add_argument("--depth", type=options.positive_int, default=2, help="blocks")
     p.add_argument("--steps", type=options.positive_int, default=60)
+    p.add_argument("--seed", type=int, default=0, help="the initial weights' seed")
     return p.parse_args(argv)
 
 
@@ -149,7 +150,7 @@ def parallelize(block: models.Block, mesh) -> models.Block:
 def build(rank: int, world: int, device, args, split: str):
     """The model, the same weights on every rank (one seed), its blocks split by `split`;
     and, with --split dtensor, the group of this rank's data-parallel replicas."""
-    torch.manual_seed(0)  # built in pipeline.py's order: the same weights as there
+    torch.manual_seed(args.seed)  # built in pipeline.py's order: the same weights as there
     embed, blocks = (
         nn.Embedding(VOCAB, args.dim),
         [models.Block(args.dim) for _ in range(args.depth)],

@@ -182,13 +182,14 @@ def tp_reference() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return tp_step(tp_block(), *tp_inputs())
 
 
-def script_losses(depth: int, steps: int, dim: int = 64, vocab: int = 64) -> dict[int, float]:
+def script_losses(depth: int, steps: int, seed: int = 0, dim: int = 64,
+                  vocab: int = 64) -> dict[int, float]:  # fmt: skip
     """The lesson scripts' training, whole, in one process: the course's blocks built in
-    pipeline.py's order from seed 0 (an embedding, `depth` Blocks, a norm, a head), AdamW
+    pipeline.py's order from `seed` (an embedding, `depth` Blocks, a norm, a head), AdamW
     3e-3, each step's 32 sequences of course.data.lookup_tokens. The loss of every step."""
     from course import data, models
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     layers = [nn.Embedding(vocab, dim), *(models.Block(dim) for _ in range(depth))]
     model = nn.Sequential(*layers, nn.LayerNorm(dim), nn.Linear(dim, vocab))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
