@@ -312,8 +312,9 @@ def _learns(out: str, want: dict, what: str) -> None:
 def test_the_pipeline_script_learns_what_one_process_learns(runs, script_reference):
     """pipeline.py --schedule torch-1f1b on 2 stages, 8 micro-batches, --stage-ms 5, --seed
     1, 20 steps: the losses, within 2e-4, of the same model trained whole from that seed in
-    one process (the grader's), down to below 1.0; each stage prints the most micro-batches' activations it kept (2 and 1
-    of 8) and its bubble beside theory, (p - 1)/(m + p - 1) = 1/9, not below it."""
+    one process (the grader's), down to below 1.0; each stage prints the most
+    micro-batches' activations it kept (2 and 1 of 8) and its bubble beside theory,
+    (p - 1)/(m + p - 1) = 1/9, not below it."""
     out = _output(runs, "torch-1f1b")
     _learns(out, script_reference["torch-1f1b"], "pipeline.py " + " ".join(RUNS["torch-1f1b"]))
     alive = {int(r): (int(a), int(t)) for r, a, t in ALIVE.findall(out)}
@@ -443,8 +444,9 @@ HOLDS = re.compile(r"rank 0 holds ([\d,]+) parameter bytes of ([\d,]+)")
 def test_the_tensor_parallel_script_learns_holding_less(runs, script_reference):
     """tensor.py --split dtensor --data-parallel 2 on 4 gloo ranks (a 2 x 2 mesh: two
     replicas, each MLP split in two), --seed 1, 20 steps: the losses, within 2e-4, of the
-    same model trained whole from that seed in one process on the whole batch, and rank 0 holding the model's parameters
-    less half of every block's MLP weights (counted here from course.models)."""
+    same model trained whole from that seed in one process on the whole batch, and rank 0
+    holding the model's parameters less half of every block's MLP weights (counted here
+    from course.models)."""
     from course import models
 
     out = _output(runs, "dtensor")

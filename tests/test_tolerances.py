@@ -23,9 +23,10 @@ import pytest
 from course import REPO_ROOT, procs
 from course.grader import tolerances
 from course.tools import mutants
+from course.tools import tolerance_record as rec
 from course.tools import tolerances as tool
 
-RECORD = REPO_ROOT / tool.RECORD
+RECORD = REPO_ROOT / rec.RECORD
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +38,9 @@ def test_every_lesson_bound_is_declared_measured_and_has_room(declared):
     """Each declared bound has an entry measured at its current value, on every seed it
     names, with every value the reference reached inside the bound (a `high`-only bound
     at least `room` times the worst)."""
-    record = tool.load(RECORD)
+    record = rec.load(RECORD)
     found = [
-        p for t in declared.values() for p in tool.problems(t, record["tolerances"].get(t.key))
+        p for t in declared.values() for p in rec.problems(t, record["tolerances"].get(t.key))
     ]
     assert not found, "\n".join(found)
     stale = sorted(set(record["tolerances"]) - set(declared))
@@ -51,24 +52,24 @@ def test_every_lesson_bound_is_declared_measured_and_has_room(declared):
 def test_the_checks_catch_a_changed_bound_a_tight_bound_and_a_missing_seed():
     t = tolerances.Tolerance("99.x", "a gap", "test_x", high=1e-3, seeds=(0, 1))
     entry = {"high": 1e-3, "low": None, "seen": {"0": [1e-4], "1": [2e-4]}, "failed_seeds": []}
-    assert tool.problems(t, entry) == []
-    assert "measure it again" in tool.problems(t, dict(entry, high=1e-2))[0]
+    assert rec.problems(t, entry) == []
+    assert "measure it again" in rec.problems(t, dict(entry, high=1e-2))[0]
     tight = dict(entry, seen={"0": [1e-4], "1": [6e-4]})
-    assert "less than 2 times the worst" in tool.problems(t, tight)[0]
-    assert "seeds [1]" in tool.problems(t, dict(entry, seen={"0": [1e-4]}))[0]
-    assert "outside" in tool.problems(t, dict(entry, seen={"0": [1e-4], "1": [2e-3]}))[0]
-    assert "failed" in tool.problems(t, dict(entry, failed_seeds=[1]))[0]
+    assert "less than 2 times the worst" in rec.problems(t, tight)[0]
+    assert "seeds [1]" in rec.problems(t, dict(entry, seen={"0": [1e-4]}))[0]
+    assert "outside" in rec.problems(t, dict(entry, seen={"0": [1e-4], "1": [2e-3]}))[0]
+    assert "failed" in rec.problems(t, dict(entry, failed_seeds=[1]))[0]
     loaded = tolerances.Tolerance("99.t", "a timing", "test_t", high=1e-3, seeds=(0, 1), busy=2)
-    assert "beside 2 busy loops, measured beside 0" in tool.problems(loaded, entry)[0]
-    assert tool.problems(loaded, dict(entry, busy=2)) == []
-    assert "not measured" in tool.problems(t, None)[0]
+    assert "beside 2 busy loops, measured beside 0" in rec.problems(loaded, entry)[0]
+    assert rec.problems(loaded, dict(entry, busy=2)) == []
+    assert "not measured" in rec.problems(t, None)[0]
     floor = tolerances.Tolerance("99.y", "accuracy", "test_y", low=0.8, seeds=(0,))
-    assert tool.problems(floor, {"high": None, "low": 0.8, "seen": {"0": [0.9]}}) == []
-    assert "outside" in tool.problems(floor, {"high": None, "low": 0.8, "seen": {"0": [0.7]}})[0]
-    assert tool.extremes(t, [3e-5, 1e-4, 2e-6]) == [1e-4]
-    assert tool.extremes(floor, [0.91, 0.95]) == [0.91]
+    assert rec.problems(floor, {"high": None, "low": 0.8, "seen": {"0": [0.9]}}) == []
+    assert "outside" in rec.problems(floor, {"high": None, "low": 0.8, "seen": {"0": [0.7]}})[0]
+    assert rec.extremes(t, [3e-5, 1e-4, 2e-6]) == [1e-4]
+    assert rec.extremes(floor, [0.91, 0.95]) == [0.91]
     both = tolerances.Tolerance("99.z", "excess", "test_z", low=-0.05, high=0.15)
-    assert tool.extremes(both, [0.01, 0.04, 0.02]) == [0.01, 0.04]
+    assert rec.extremes(both, [0.01, 0.04, 0.02]) == [0.01, 0.04]
 
 
 def test_a_seed_and_a_note_follow_the_measurement_environment(tmp_path):
@@ -159,7 +160,7 @@ def test_every_known_mistake_a_bounded_test_catches_is_measured(declared):
     """For each bound, the mutants whose `caught_by` picks a test that measures it are the
     ones the record measured (`--mistakes`), each rejected; a mutant that reached a value
     reached it outside the bound or was stopped by another of the test's checks."""
-    record = tool.load(RECORD)["tolerances"]
+    record = rec.load(RECORD)["tolerances"]
     wrong = []
     for t in declared.values():
         expected = {case["name"] for number, _, case in mutants.cases("MUTANTS")
@@ -177,17 +178,17 @@ def test_every_known_mistake_a_bounded_test_catches_is_measured(declared):
 
 
 def test_a_mistake_is_what_rejected_it_and_the_nearest_is_least_outside():
-    assert tool.outside_by(None, 1e-3, 5e-4) == 0 and tool.outside_by(0.8, None, 0.9) == 0
-    assert tool.outside_by(None, 1e-3, 3e-3) == pytest.approx(2.0)
-    assert tool.outside_by(0.8, None, 0.4) == pytest.approx(0.5)
-    assert tool.outside_by(-0.05, 0.15, 0.25) == pytest.approx(0.5)  # a band: over its width
+    assert rec.outside_by(None, 1e-3, 5e-4) == 0 and rec.outside_by(0.8, None, 0.9) == 0
+    assert rec.outside_by(None, 1e-3, 3e-3) == pytest.approx(2.0)
+    assert rec.outside_by(0.8, None, 0.4) == pytest.approx(0.5)
+    assert rec.outside_by(-0.05, 0.15, 0.25) == pytest.approx(0.5)  # a band: over its width
     t = tolerances.Tolerance("99.x", "a gap", "test_x", high=1e-3)
-    assert tool.farthest(t, [5e-2, 2e-3, 1e-4]) == 5e-2  # one schedule wrong of several
-    assert tool.farthest(t, [2e-4, 1e-4]) == 2e-4  # caught by another check: the worst inside
+    assert rec.farthest(t, [5e-2, 2e-3, 1e-4]) == 5e-2  # one schedule wrong of several
+    assert rec.farthest(t, [2e-4, 1e-4]) == 2e-4  # caught by another check: the worst inside
     entry = {"mistakes": {"a": {"value": 5e-2}, "b": {"value": 2e-3}, "c": {"value": None},
                           "d": {"value": 1e-4}}}  # fmt: skip
-    assert tool.nearest_mistake(t, entry) == ("b", 2e-3)  # d, inside, was caught otherwise
-    assert tool.nearest_mistake(t, {"mistakes": {"c": {"value": None}}}) is None
+    assert rec.nearest_mistake(t, entry) == ("b", 2e-3)  # d, inside, was caught otherwise
+    assert rec.nearest_mistake(t, {"mistakes": {"c": {"value": None}}}) is None
 
 
 def test_the_tool_measures_a_known_mistake(tmp_path):
