@@ -39,9 +39,7 @@ def test_every_lesson_bound_is_declared_measured_and_has_room(declared):
     names, with every value the reference reached inside the bound (a `high`-only bound
     at least `room` times the worst)."""
     record = rec.load(RECORD)
-    found = [
-        p for t in declared.values() for p in rec.problems(t, record["tolerances"].get(t.key))
-    ]
+    found = [p for t in declared.values() for p in rec.problems(t, record["tolerances"].get(t.key))]
     assert not found, "\n".join(found)
     stale = sorted(set(record["tolerances"]) - set(declared))
     assert not stale, f"the record measures bounds no test declares any more: {stale}"
