@@ -17,11 +17,11 @@ Equivalence tolerance and learning threshold: each is declared below (EQUIVALENC
 LEARNED) and measured on the reference over many seeds by `python -m course tolerances 03`
 (docs/results/tolerances/cpu.json). fp32 on the CPU (gloo) adds the two halves of the batch
 in another order than one big batch does, so the runs are not bit-exact, and 24 steps of
-SGD with momentum amplify a rounding difference on some seeds. The mistakes are far
-beyond the bound: --lr ignored 2.3e-2, a rank training alone 0.15, --seed ignored 0.65 (one
-process's training at those settings). A loop that never zeroes its gradients reaches
-5.6-7.5 % test accuracy (seeds 0-2); the equivalence runs alone cannot tell, since without
-BatchNorm they end near chance (8-19 %) either way.
+SGD with momentum amplify a rounding difference on some seeds. The known mistakes (--seed
+or --lr ignored, each rank training alone, gradients never cleared) are measured by the
+same test into the same record (`python -m course tolerances 03 --mistakes`), far beyond
+the bound. A loop that never zeroes its gradients also fails the learning test, which
+the equivalence runs alone could not show: without BatchNorm they end near chance.
 """
 
 from __future__ import annotations

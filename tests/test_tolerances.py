@@ -204,4 +204,5 @@ def test_the_tool_measures_a_known_mistake(tmp_path):
     entry = json.loads(out.read_text())["tolerances"]["09.ddp_step"]
     mistake = entry["mistakes"]["silent_loss_divided_by_world"]
     assert mistake["rejected"] and mistake["value"] > 10 * entry["high"], mistake
+    assert mistake["command"].startswith("python -m course tolerances 09.ddp_step --mistakes")
     assert "silent_loss_divided_by_world" in run.stdout, run.stdout

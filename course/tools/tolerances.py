@@ -273,12 +273,13 @@ def _mistakes(picked: list, doc: dict, path: Path, args, argv) -> int:
         raise ValueError(f"no mutant {', '.join(unknown)} in tests/mutants/")
     start = time.monotonic()
     found = measure_mistakes(picked, only=args.mutant)
-    command = " ".join(["python -m course tolerances", *(argv or sys.argv[1:])])
+    made = provenance(" ".join(["python -m course tolerances", *(argv or sys.argv[1:])]))
     for t in picked:
         e = doc["tolerances"][t.key]
-        mine = found[t.key] if not args.mutant else {**e.get("mistakes", {}), **found[t.key]}
+        now = {name: dict(m, command=made["command"], date=made["date"], torch=made["torch"])
+               for name, m in found[t.key].items()}  # fmt: skip
+        mine = now if not args.mutant else {**e.get("mistakes", {}), **now}
         e["mistakes"] = dict(sorted(mine.items()))
-        e["mistakes_command"] = command
     atomic.write_json(doc, path, indent=1)
     print(f"\n{_table({t.key: t for t in picked}, doc)}")
     print(f"\nwrote {args.out} in {time.monotonic() - start:.0f} s")

@@ -44,6 +44,7 @@ def parse_args(argv=None):
     p.add_argument("--depth", type=options.positive_int, default=2, help="blocks")
     p.add_argument("--steps", type=options.positive_int, default=60, help="train up to this step")
     p.add_argument("--checkpoint", type=Path, help="resume from its latest step; save there")
+    p.add_argument("--seed", type=int, default=0, help="the initial weights' seed")
     return p.parse_args(argv)
 
 
@@ -58,7 +59,7 @@ def shard(model: models.TinyLM, compute_dtype, reshard: bool) -> None:
     # TODO: build a MixedPrecisionPolicy whose param_dtype is compute_dtype (None keeps fp32)
     #   and whose reduce_dtype is fp32, then call fully_shard on every block, then on the
     #   root, each with the mesh, that policy and reshard_after_forward=reshard.
-    raise NotImplementedError("TODO at 10_sharding/fsdp2.py:61 is not done yet")
+    raise NotImplementedError("TODO at 10_sharding/fsdp2.py:62 is not done yet")
 
 
 # --8<-- [end:shard]
@@ -71,7 +72,7 @@ def save(model, optimizer, step: int, folder: Path) -> Path:
     # TODO: get the model's and the optimizer's state dicts (sharded: each rank's own
     #   part), save them and the step with torch.distributed.checkpoint into `temporary`,
     #   and once every rank is done, let rank 0 rename it to `final`.
-    raise NotImplementedError("TODO at 10_sharding/fsdp2.py:74 is not done yet")
+    raise NotImplementedError("TODO at 10_sharding/fsdp2.py:75 is not done yet")
     return final
 
 
@@ -86,14 +87,14 @@ def load(model, optimizer, path: Path) -> int:
     returns the step it was saved at."""
     # TODO: load into state dicts shaped for *this* run (get_state_dict), with
     #   torch.distributed.checkpoint, then put them into the model and the optimizer.
-    raise NotImplementedError("TODO at 10_sharding/fsdp2.py:89 is not done yet")
+    raise NotImplementedError("TODO at 10_sharding/fsdp2.py:90 is not done yet")
 
 
 # --8<-- [end:checkpoint]
 
 
 def train(rank: int, world_size: int, device, args) -> None:
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = models.TinyLM(VOCAB, args.dim, args.depth).to(device)
     shard(model, DTYPES[args.compute_dtype], args.reshard_after_forward)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

@@ -50,9 +50,7 @@ def build_stage(rank: int, world: int, dim: int, depth: int, seed: int = 0) -> n
     """Stage `rank` of `world`. Every rank builds the whole model from one seed (the
     weights one process would have), then keeps its own slice of the blocks; the first
     stage also keeps the embedding, the last the final norm and the output head."""
-    if depth < world:
-        raise ValueError(f"--depth {depth}: fewer blocks than the {world} stages")
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # (main() has checked that every stage gets a block)
     layers = [nn.Embedding(VOCAB, dim), *(models.Block(dim) for _ in range(depth))]
     layers += [nn.LayerNorm(dim), nn.Linear(dim, VOCAB)]
     cuts = [1 + depth * r // world for r in range(world + 1)]  # block r's first layer
@@ -104,7 +102,7 @@ def forward_step(pipe: Pipe, tokens, targets, micro_batches: int):
     micro_batches (the step's loss is then their sum, the whole batch's mean)."""
     # TODO: take the input (the tokens on the first stage, else the previous stage's
     # activation), run the stage, then send the activation on, or make the loss.
-    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:107 is not done yet")
+    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:105 is not done yet")
     if pipe.last:
         pipe.losses.append(y.detach())
     return x, y
@@ -114,7 +112,7 @@ def backward_step(pipe: Pipe, x: torch.Tensor, y: torch.Tensor) -> None:
     """One micro-batch backward through this stage, from its loss (last stage) or from
     the gradient the next stage sends; the input's gradient goes to the previous stage."""
     # TODO: backward from y, then send the input's gradient back (not from the first stage).
-    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:117 is not done yet")
+    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:115 is not done yet")
 
 
 def gpipe(pipe: Pipe, inputs: list, targets: list) -> torch.Tensor | None:
@@ -122,7 +120,7 @@ def gpipe(pipe: Pipe, inputs: list, targets: list) -> torch.Tensor | None:
     stage) or None."""
     # TODO: run forward_step for each micro-batch, keeping what it returns; then
     # backward_step for each, in the same order.
-    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:125 is not done yet")
+    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:123 is not done yet")
     return pipe.finish()
 
 
@@ -133,7 +131,7 @@ def one_f_one_b(pipe: Pipe, inputs: list, targets: list) -> torch.Tensor | None:
     m = len(inputs)
     # TODO: warm up with the forwards that fill the stages after this one, then alternate
     # one forward with the oldest micro-batch's backward, then finish the backwards.
-    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:136 is not done yet")
+    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:134 is not done yet")
     return pipe.finish()
 
 
@@ -151,7 +149,7 @@ def torch_schedule(stage: nn.Module, pipe: Pipe, name: str, micro_batches: int):
 
     # TODO: wrap the module in a PipelineStage (this rank's stage of pipe.world), and make
     # the schedule `name` asks for over micro_batches, with loss_fn.
-    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:154 is not done yet")
+    raise NotImplementedError("TODO at 11_model_parallel/pipeline.py:152 is not done yet")
 
 
 # --8<-- [end:torch]
@@ -162,8 +160,7 @@ def worker(rank: int, world: int, backend: str, port: int, args) -> None:
     device = ranks.join_local(rank, world, backend, port)
     try:
         stage = build_stage(rank, world, args.dim, args.depth, args.seed)
-        watched = Watched(stage, args.stage_ms / 1e3)
-        watched.to(device)
+        watched = Watched(stage, args.stage_ms / 1e3).to(device)
         m, size = args.micro_batches, args.batch_size // args.micro_batches
         pipe = Pipe(watched, rank, world, (size, 16, args.dim), device)  # 16 tokens a row
         optimizer = torch.optim.AdamW(watched.parameters(), lr=3e-3)

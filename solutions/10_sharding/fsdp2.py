@@ -44,6 +44,7 @@ def parse_args(argv=None):
     p.add_argument("--depth", type=options.positive_int, default=2, help="blocks")
     p.add_argument("--steps", type=options.positive_int, default=60, help="train up to this step")
     p.add_argument("--checkpoint", type=Path, help="resume from its latest step; save there")
+    p.add_argument("--seed", type=int, default=0, help="the initial weights' seed")
     return p.parse_args(argv)
 
 
@@ -120,7 +121,7 @@ def load(model, optimizer, path: Path) -> int:
 
 
 def train(rank: int, world_size: int, device, args) -> None:
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = models.TinyLM(VOCAB, args.dim, args.depth).to(device)
     shard(model, DTYPES[args.compute_dtype], args.reshard_after_forward)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

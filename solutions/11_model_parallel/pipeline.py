@@ -50,9 +50,7 @@ def build_stage(rank: int, world: int, dim: int, depth: int, seed: int = 0) -> n
     """Stage `rank` of `world`. Every rank builds the whole model from one seed (the
     weights one process would have), then keeps its own slice of the blocks; the first
     stage also keeps the embedding, the last the final norm and the output head."""
-    if depth < world:
-        raise ValueError(f"--depth {depth}: fewer blocks than the {world} stages")
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # (main() has checked that every stage gets a block)
     layers = [nn.Embedding(VOCAB, dim), *(models.Block(dim) for _ in range(depth))]
     layers += [nn.LayerNorm(dim), nn.Linear(dim, VOCAB)]
     cuts = [1 + depth * r // world for r in range(world + 1)]  # block r's first layer
@@ -213,8 +211,7 @@ def worker(rank: int, world: int, backend: str, port: int, args) -> None:
     device = ranks.join_local(rank, world, backend, port)
     try:
         stage = build_stage(rank, world, args.dim, args.depth, args.seed)
-        watched = Watched(stage, args.stage_ms / 1e3)
-        watched.to(device)
+        watched = Watched(stage, args.stage_ms / 1e3).to(device)
         m, size = args.micro_batches, args.batch_size // args.micro_batches
         pipe = Pipe(watched, rank, world, (size, 16, args.dim), device)  # 16 tokens a row
         optimizer = torch.optim.AdamW(watched.parameters(), lr=3e-3)

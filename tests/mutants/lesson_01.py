@@ -62,6 +62,21 @@ MUTANTS = [
         new="",
         caught_by="round_trip or resume_is_bit_exact",
     ),
+    # Not a TODO: flags the grading runs away from their defaults, whose effect it must see.
+    dict(
+        name="seed_ignored",
+        why="--seed read but not used: every run starts from seed 0's weights",
+        old="    seed_everything(args.seed)\n",
+        new="    seed_everything(0)\n",
+        caught_by="graders_own",
+    ),
+    dict(
+        name="lr_ignored",
+        why="--lr read but not used: the optimizer keeps the default 0.05",
+        old="lr=args.lr, momentum=0.9",
+        new="lr=0.05, momentum=0.9",
+        caught_by="graders_own",
+    ),
 ]
 
 ALTERNATIVES = [

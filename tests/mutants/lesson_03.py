@@ -63,6 +63,21 @@ MUTANTS = [
         new="",
         caught_by="matches_the_graders",
     ),
+    # Not a TODO: flags the grading runs away from their defaults, whose effect it must see.
+    dict(
+        name="seed_ignored",
+        why="--seed read but not used for the weights: every run starts from seed 0's",
+        old="    seed_everything(args.seed)  # the same seed on every rank",
+        new="    seed_everything(0)  # the same seed on every rank",
+        caught_by="matches_the_graders",
+    ),
+    dict(
+        name="lr_ignored",
+        why="--lr read but not used: the optimizer keeps the default 0.05",
+        old="lr=args.lr, momentum=0.9",
+        new="lr=0.05, momentum=0.9",
+        caught_by="matches_the_graders",
+    ),
 ]
 
 ALTERNATIVES = [

@@ -204,6 +204,15 @@ MUTANTS = [
         new="    return 0",
         caught_by="resumes_on_3",
     ),
+    # Not a TODO: a flag the grading runs away from its default, whose effect it must see.
+    dict(
+        name="fsdp_seed_ignored",
+        file=FSDP,
+        why="fsdp.py's --seed not used: every run starts from seed 0's weights",
+        old="        torch.manual_seed(args.seed)  # the same initial weights on every rank\n",
+        new="        torch.manual_seed(0)  # the same initial weights on every rank\n",
+        caught_by="learns_in_bf16",
+    ),
 ]
 
 ALTERNATIVES = [

@@ -105,6 +105,22 @@ MUTANTS = [
         new='    return parallelize_module(block, mesh, {"up": ColwiseParallel(), "down": ColwiseParallel()})\n',
         caught_by="dtensor_split",
     ),
+    # Not TODOs: a flag the grading runs away from its default, whose effect it must see.
+    dict(
+        name="pipeline_seed_ignored",
+        why="pipeline.py's --seed not passed on: every stage built from seed 0's weights",
+        old="    torch.manual_seed(seed)  #",
+        new="    torch.manual_seed(0)  #",
+        caught_by="pipeline_script",
+    ),
+    dict(
+        name="tensor_seed_ignored",
+        file=TENSOR,
+        why="tensor.py's --seed not used: every run starts from seed 0's weights",
+        old="torch.manual_seed(args.seed)",
+        new="torch.manual_seed(0)",
+        caught_by="tensor_parallel_script",
+    ),
 ]
 
 ALTERNATIVES = [
