@@ -247,6 +247,12 @@ SCRIPT_LEARNED = tolerance(
     "11.script_learned", high=1.0, test=SCRIPT_TESTS,
     what="pipeline.py's and tensor.py's loss after 20 steps (ln 64 = 4.16 at the start)",
 )  # fmt: skip
+SCRIPT_BUBBLE = tolerance(
+    "11.script_bubble", low=-0.05, high=8 / 9, room=1, busy=2,
+    test="test_the_pipeline_script_learns_what_one_process_learns",
+    what="pipeline.py's printed bubble minus theory's 1/9 (torch-1f1b, 2 stages, 8 "
+    "micro-batches, --stage-ms 5), each stage; 8/9 above is the whole step",
+)  # fmt: skip
 RUNS = {
     "torch-1f1b": ["--nproc", "2", "--schedule", "torch-1f1b", "--micro-batches", "8"]
     + ["--stage-ms", "5"],
@@ -323,12 +329,15 @@ def test_the_pipeline_script_learns_what_one_process_learns(runs, script_referen
         f"(activations alive at most, micro-batches) by stage: {alive}; expected {want}"
     )
     bubbles = {int(r): (float(b), float(t)) for r, b, t in BUBBLE.findall(out)}
+    for b, _ in bubbles.values():
+        SCRIPT_BUBBLE.note(b - 1 / 9)
     assert sorted(bubbles) == [0, 1] and all(
-        t == pytest.approx(1 / 9, abs=1e-3) and 1 / 9 - 0.05 <= b < 1 for b, t in bubbles.values()
+        t == pytest.approx(1 / 9, abs=1e-3) and SCRIPT_BUBBLE.holds(b - 1 / 9) and b < 1
+        for b, t in bubbles.values()
     ), (
         f"--stage-ms 5, 2 stages, 8 micro-batches: (bubble, theory) by stage {bubbles}; "
-        "expected each stage's measured bubble (not below theory, less than the whole step) "
-        "beside theory, 1/9"
+        "expected each stage's measured bubble beside theory, 1/9, at most "
+        f"{-SCRIPT_BUBBLE.low:g} below it and less than the whole step"
     )
 
 
