@@ -511,6 +511,10 @@ def test_tolerances_on_the_pages_come_from_the_record(tmp_path):
     got = tolerances.render_tolerance_figure("03", "equivalence", root=tmp_path)
     got = re.sub(r"<span[^>]*>([^<]*)</span>", r"\1", got)
     assert got == "1e-3 (the reference solution reached 3e-8 to 2.5e-4 over 12 seeds)"
+    got = tolerances.render_tolerance_figure("03", "learned", root=tmp_path)
+    assert re.sub(r"<span[^>]*>([^<]*)</span>", r"\1", got).endswith(
+        "over 6 runs beside 2 busy loops)"
+    ), got
     with pytest.raises(hook.PluginError, match="not in"):
         tolerances.render_tolerance_figure("03", "nothing", root=tmp_path)
     with pytest.raises(hook.PluginError, match="no bound of lesson 05"):

@@ -90,7 +90,10 @@ def render_tolerance_figure(lesson: str, name: str, root: Path = ROOT) -> str:
     bound = (number(low, True) if _is_floor(entry) else number(high) if low is None
              else f"{number(low)} to {number(high)}")  # fmt: skip
     count = len([s for s, values in entry.get("seen", {}).items() if values])
-    return f"{bound} (the reference solution reached {reached(entry)} over {count} seeds)"
+    over = (
+        f"{count} runs beside {entry['busy']} busy loops" if entry.get("busy") else f"{count} seeds"
+    )
+    return f"{bound} (the reference solution reached {reached(entry)} over {over})"
 
 
 def render_tolerances(lesson: str, root: Path = ROOT) -> str:
