@@ -156,7 +156,8 @@ def test_oom_script_runs_with_its_flags(impl, tmp_path):
     and prints peaks under 2 MiB."""
     args = ["--batch-size", "512", "--micro-batch", "32", "--budget-mb", "2", "--steps", "2"]
     result = procs.python(LESSON.path(impl), *args, timeout=60, cwd=tmp_path)
-    assert result.ok, result.failure()
+    if not result.ok:
+        pytest.fail(result.failure(), pytrace=False)
     assert "global batch 512, micro-batch 32, activation budget 2 MiB" in result.output, (
         result.output
     )
@@ -165,6 +166,22 @@ def test_oom_script_runs_with_its_flags(impl, tmp_path):
 
 
 # --- exercise 2: unused parameters -------------------------------------------------------
+
+
+@pytest.mark.points(1)
+def test_unused_script_runs_with_its_flags(impl, tmp_path):
+    """`unused.py --nproc 3 --steps 2 --batch-size 24` runs its 2 steps, each on 24 images a
+    rank and 3 ranks (as its rank 0 prints them: len(x) and the group's size)."""
+    args = ["--nproc", "3", "--steps", "2", "--batch-size", "24"]
+    script = LESSON.path(impl).with_name("unused.py")
+    result = procs.python(script, *args, timeout=60, cwd=tmp_path)
+    if not result.ok:
+        pytest.fail(f"unused.py {' '.join(args)}: {result.failure()}", pytrace=False)
+    steps = re.findall(r"step (\d+): loss [\d.]+, (\d+) images x (\d+) ranks", result.output)
+    assert steps == [("1", "24", "3"), ("2", "24", "3")] and "done:" in result.output, (
+        f"unused.py {' '.join(args)}: expected 'step 1: loss L, 24 images x 3 ranks', the same "
+        f"for step 2, and 'done: every step finished'; the output was:\n{result.output[-1500:]}"
+    )
 
 
 @pytest.mark.core
@@ -240,6 +257,30 @@ def test_hang_diagnosis_names_the_rank_and_the_collective(calls):
             f"{answer[1]!r}. Read each message's first fingerprint (its own rank's collective), "
             "not the checker's REDUCE and GATHER after 'but Rank'"
         )
+
+
+@pytest.mark.points(1)
+def test_hang_script_runs_with_its_flags(impl, tmp_path):
+    """`hang.py --nproc 5 --timeout 5` ends, each of its 5 ranks after the same number of
+    steps: 8, the shortest of 5 shards' (1438 images: 4 shards of 288 and one of 286,
+    batches of 32), or 9 with padded shards. (With 5 ranks the shards differ in steps, as
+    with the default 3: the starter hangs.)"""
+    images = len(data.digits()[0])
+    per = -(-images // 5)  # as hang.py cuts the shards: ceil(N / world), the last shorter
+    want = {(images - 4 * per) // 32, per // 32}  # the shortest shard's, or padded shards'
+    args = ["--nproc", "5", "--timeout", "5"]
+    result = procs.python(LESSON.path(impl).with_name("hang.py"), *args, timeout=60, cwd=tmp_path)
+    if not result.ok:
+        pytest.fail(f"hang.py {' '.join(args)}: {result.failure()}", pytrace=False)
+    steps = {int(r): int(n) for r, n in re.findall(r"rank (\d+): (\d+) steps", result.output)}
+    assert (
+        sorted(steps) == [0, 1, 2, 3, 4]
+        and len(set(steps.values())) == 1
+        and set(steps.values()) <= want
+    ), (
+        f"hang.py {' '.join(args)}: steps by rank {steps}; expected ranks 0-4, each after "
+        f"{' or '.join(map(str, sorted(want)))} steps. The output was:\n{result.output[-1500:]}"
+    )
 
 
 # --- exercise 4: a job that cannot start ------------------------------------------------
@@ -646,3 +687,27 @@ def test_silent_ddp_step_equals_one_process_on_the_global_batch(calls):
     assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(losses, own, strict=True)), (
         f"train_step returned the losses {losses}; each rank's batch has the mean loss {own}"
     )
+
+
+@pytest.mark.points(1)
+def test_silent_script_saves_in_its_folder(impl, tmp_path):
+    """`silent.py --folder F` saves rank 0's weights in F/rank0/weights.pt, none in
+    F/rank1, and lesson 01's model loads them."""
+    folder = tmp_path / "saved"
+    script = LESSON.path(impl).with_name("silent.py")
+    result = procs.python(script, "--folder", folder, timeout=60, cwd=tmp_path)
+    if not result.ok:
+        pytest.fail(f"silent.py --folder {folder}: {result.failure()}", pytrace=False)
+    written = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    assert written == ["rank0/weights.pt"], (
+        f"silent.py --folder {folder} wrote {written}; expected rank0/weights.pt alone. "
+        + ("Likely cause: every rank saves" if "rank1/weights.pt" in written else
+           "Likely cause: the weights saved elsewhere than in the folder run() is given")
+    )  # fmt: skip
+    saved = torch.load(folder / "rank0" / "weights.pt", weights_only=True)
+    try:
+        models.SmallCNN(norm="none").load_state_dict(saved)
+    except RuntimeError as err:
+        pytest.fail(f"lesson 01's model cannot load {folder}/rank0/weights.pt (keys "
+                    f"{', '.join(list(saved)[:2])}, ...): {str(err).splitlines()[0]}",
+                    pytrace=False)  # fmt: skip

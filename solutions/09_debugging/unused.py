@@ -65,7 +65,7 @@ def train(rank: int, world: int, steps: int, batch_size: int, seed: int = 0) -> 
         loss.backward()
         optimizer.step()
         if rank == 0:
-            print(f"step {step + 1}: loss {loss.item():.4f}")
+            print(f"step {step + 1}: loss {loss.item():.4f}, {len(x)} images x {world} ranks")
     return model.module.state_dict()
 
 

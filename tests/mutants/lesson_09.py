@@ -234,6 +234,39 @@ MUTANTS = [
         new="    loss = F.cross_entropy(model(images), labels) / dist.get_world_size()\n",
         caught_by="global_batch",
     ),
+    # Not a TODO: the scripts' flags the grading runs away from their defaults.
+    dict(
+        name="unused_nproc_ignored",
+        file=UNUSED,
+        why="--nproc read but not used: always 2 ranks",
+        old="    mp.spawn(run, args=(args.nproc, ranks.free_port(), args), nprocs=args.nproc)\n",
+        new="    mp.spawn(run, args=(2, ranks.free_port(), args), nprocs=2)\n",
+        caught_by="unused_script",
+    ),
+    dict(
+        name="unused_batch_size_ignored",
+        file=UNUSED,
+        why="--batch-size read but not used: always 32 images a rank",
+        old="train(rank, world, args.steps, args.batch_size)",
+        new="train(rank, world, args.steps, 32)",
+        caught_by="unused_script",
+    ),
+    dict(
+        name="hang_nproc_ignored",
+        file=HANG,
+        why="--nproc read but not used: always 3 ranks",
+        old="args=(args.nproc, ranks.free_port(), args, errors), nprocs=args.nproc)",
+        new="args=(3, ranks.free_port(), args, errors), nprocs=3)",
+        caught_by="hang_script",
+    ),
+    dict(
+        name="silent_folder_ignored",
+        file=SILENT,
+        why="--folder read but not used: the weights go to a temporary folder",
+        old="args.folder or scratch), nprocs=2)",
+        new="scratch), nprocs=2)",
+        caught_by="saves_in_its_folder",
+    ),
 ]
 
 ALTERNATIVES = [
