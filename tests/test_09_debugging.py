@@ -302,7 +302,9 @@ RDZV_LAUNCH = RDZV_BOUND + 30
 # together reached the store 3 s apart once, beside a browser and another grading job
 # (2 cores, 2026-12-03). The failing settings keep the short wait, which they must obey.
 RDZV_GOOD_TIMEOUT = 20
-RDZV_NAMES = ("good", "refused", "in_use", "world", "interface")
+# The safety net: rank 1 alone again, told to give up (--give-up) long before its --timeout.
+RDZV_GIVE_UP, RDZV_GIVE_UP_TIMEOUT = 2, 10
+RDZV_NAMES = ("good", "refused", "in_use", "world", "interface", "give_up")
 _rendezvous: dict = {}
 
 
@@ -312,7 +314,8 @@ def launch_rendezvous(impl, backend, tmp_path_factory, request):
 
     good: ranks 0 and 1 of 2; refused: rank 1 alone (nothing listens at the port); in_use:
     rank 0 on a port this process holds; world: rank 0 of 2 and rank 1 of 3, together;
-    interface: rank 0 of 1 with GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME) naming no interface."""
+    interface: rank 0 of 1 with GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME) naming no interface;
+    give_up: rank 1 alone, --give-up 2 and --timeout 10."""
 
     def launch():
         script = LESSON.path(impl).with_name("rendezvous.py")
@@ -329,6 +332,7 @@ def launch_rendezvous(impl, backend, tmp_path_factory, request):
             "in_use": [(0, 2)],
             "world": [(0, 2), (1, 3)],
             "interface": [(0, 1)],
+            "give_up": [(1, 2)],
         }
         jobs = {}
         for name in needed(request, RDZV_NAMES):
@@ -339,6 +343,9 @@ def launch_rendezvous(impl, backend, tmp_path_factory, request):
                     env[variable] = "nope0"
                 longer = RDZV_GOOD_TIMEOUT - RDZV_TIMEOUT if name == "good" else 0
                 args = [script, "--backend", backend, "--timeout", str(RDZV_TIMEOUT + longer)]
+                if name == "give_up":
+                    longer = RDZV_GIVE_UP_TIMEOUT - RDZV_TIMEOUT
+                    args[-1:] = [str(RDZV_GIVE_UP_TIMEOUT), "--give-up", str(RDZV_GIVE_UP)]
                 jobs[name, rank] = dict(
                     args=[sys.executable, *map(str, args)], timeout=RDZV_LAUNCH + longer,
                     after_import=RDZV_BOUND + longer, env=env, cwd=folder,
@@ -454,6 +461,25 @@ def test_rendezvous_missing_interface_fails_fast(rendezvous, backend):
     line = fails_fast_in_one_line(rendezvous["interface"][0], "a missing network interface")
     variable = "GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME"
     assert variable in line and "nope0" in line, f"name {variable} and nope0: {line}"
+
+
+@pytest.mark.points(1)
+@pytest.mark.needs("give_up")
+def test_rendezvous_safety_net_fires_at_give_up(rendezvous_store):
+    """(Not a core test: the starter has the same safety net.) Rank 1 alone with
+    `--timeout 10 --give-up 2`: the net fires first, prints where the process waits
+    ("Timeout (0:00:02)!" and the stacks) and exits 1, before the 10 s wait ends."""
+    result = rendezvous_store["give_up"][1]
+    if result.timed_out:
+        pytest.fail(f"--give-up {RDZV_GIVE_UP}: still running, and killed\n{result.describe()}",
+                    pytrace=False)  # fmt: skip
+    fired = f"Timeout (0:00:0{RDZV_GIVE_UP})!"
+    assert result.returncode == 1 and fired in result.output, (
+        f"--timeout {RDZV_GIVE_UP_TIMEOUT} --give-up {RDZV_GIVE_UP}, rank 1 alone: expected "
+        f"'{fired}' (faulthandler's dump) and exit code 1; got exit code "
+        f"{result.returncode}. Likely cause: main() does not pass --give-up to "
+        f"faulthandler.dump_traceback_later\n{result.describe()}"
+    )
 
 
 # --- exercise 5: starved by the input pipeline --------------------------------------------

@@ -260,6 +260,14 @@ MUTANTS = [
         caught_by="hang_script",
     ),
     dict(
+        name="rendezvous_give_up_ignored",
+        file=RDZV,
+        why="--give-up read but not used: the safety net fires after a fixed 60 s",
+        old="faulthandler.dump_traceback_later(args.give_up, exit=True)",
+        new="faulthandler.dump_traceback_later(60, exit=True)",
+        caught_by="safety_net",
+    ),
+    dict(
         name="silent_folder_ignored",
         file=SILENT,
         why="--folder read but not used: the weights go to a temporary folder",
