@@ -76,6 +76,14 @@ MUTANTS = [
         new="        trainable = list(module.parameters())\n",
         caught_by="equals_one_process",
     ),
+    # Not a TODO: a flag the grading runs away from its default.
+    dict(
+        name="wrapper_ignored",
+        why="--wrapper read but not used: MiniDDP trains either way",
+        old='    if args.wrapper == "torch":',
+        new="    if False:",
+        caught_by="trains_as_torch_ddp",
+    ),
 ]
 
 ALTERNATIVES = [
