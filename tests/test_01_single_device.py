@@ -372,6 +372,28 @@ def test_missing_data_folder_gives_one_line(impl, run_script, tmp_path):
 
 
 @pytest.mark.points(1)
+def test_the_model_flag_trains_the_model_it_names(impl, run_script, tmp_path):
+    """`--model resnet18 --batch-size 256 --epochs 1` saves a ResNet-18's weights (the
+    course's variant for small images, built here by course.models), not the CNN's."""
+    args = ["--model", "resnet18", "--batch-size", "256", "--epochs", "1", "--quiet"]
+    run_script(LESSON.path(impl), *args, "--checkpoint", "r.pt", timeout=120)
+    try:
+        saved = checkpoint.load(tmp_path / "r.pt")["model"]
+    except (OSError, KeyError, RuntimeError) as err:
+        pytest.fail(f"{' '.join(args)}: the grader could not read r.pt's model: {err!r}",
+                    pytrace=False)  # fmt: skip
+    want = {
+        k: tuple(v.shape) for k, v in models.build_model("resnet18", 10, 1).state_dict().items()
+    }
+    got = {k: tuple(v.shape) for k, v in saved.items()}
+    assert got == want, (
+        f"{' '.join(args)}: r.pt holds {len(got)} tensors (first {list(got)[:2]}); a ResNet-18 "
+        f"has {len(want)} (first {list(want)[:2]}). Likely cause: --model is not passed to "
+        "models.build_model"
+    )
+
+
+@pytest.mark.points(1)
 def test_cuda_requested_without_cuda_is_a_clear_error(train):
     """`--device cuda` on a machine without CUDA raises a ValueError saying so."""
     got = train("cuda_without_cuda")

@@ -77,6 +77,13 @@ MUTANTS = [
         new="lr=0.05, momentum=0.9",
         caught_by="graders_own",
     ),
+    dict(
+        name="model_ignored",
+        why="--model read but not used: the CNN trains whatever it names",
+        old="    model = models.build_model(args.model, classes, channels, args.norm)\n",
+        new='    model = models.build_model("cnn", classes, channels, args.norm)\n',
+        caught_by="model_flag",
+    ),
 ]
 
 ALTERNATIVES = [
