@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from course import data, memory, models, ranks
+from course import data, memory, models, procs, ranks
 from course.grader import submission
 from course.grader.calls import Cases, Tensors
 from course.grader.tolerances import seed
@@ -30,8 +30,9 @@ OOM_BATCH, OOM_MICRO, OOM_SMALL, OOM_STEPS, OOM_SEED = 1000, 128, 50, 3, seed(5)
 DDP_SEED = seed(0)  # the silent DDP step's model; the test module has the same numbers
 # A rank that waits in a collective its peers never join fails after this long. A correct
 # exercise never waits long in one: every case passed with 1 s (twice, four busy loops
-# on two cores, 2026-12-01). 10 s is ten times that.
-PG_TIMEOUT_S = 10
+# on two cores, 2026-12-01). 5 s is five times that, stretched by COURSE_TIMEOUT_SCALE;
+# it is also what a starter that hangs costs its grading (the lesson's 45 s budget).
+PG_TIMEOUT_S = 5 * procs.timeout_scale()
 # Skips the diagnosis is asked about: (ranks, the rank that skips, the collective it skips).
 PLANTS = ((3, 1, "all_reduce"), (3, 2, "broadcast"), (4, 0, "all_gather"))
 
@@ -43,7 +44,7 @@ def sibling(name: str, requires: tuple[str, ...]):
 def spawn(target, world: int, *args, what: str, ddp: bool = False) -> Path:
     out = cases.out / what.replace(" ", "-")
     out.mkdir(parents=True, exist_ok=True)
-    os.environ["COURSE_PG_TIMEOUT"] = str(PG_TIMEOUT_S)  # the ranks read it as they join
+    os.environ["COURSE_PG_TIMEOUT"] = f"{PG_TIMEOUT_S:g}"  # the ranks read it as they join
     cases.spawn(target, world, str(out), *args, what=what, ddp=ddp)
     return out
 
