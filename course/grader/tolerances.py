@@ -56,8 +56,8 @@ class Tolerance:
 
     def bounds(self) -> str:
         if self.low is not None and self.high is not None:
-            return f"{self.low:g} to {self.high:g}"
-        return f"at most {self.high:g}" if self.high is not None else f"at least {self.low:g}"
+            return f"{self.low:.3g} to {self.high:.3g}"
+        return f"at most {self.high:.3g}" if self.high is not None else f"at least {self.low:.3g}"
 
     def holds(self, seen: float) -> bool:
         return (self.high is None or seen <= self.high) and (self.low is None or seen >= self.low)
