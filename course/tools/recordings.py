@@ -120,6 +120,13 @@ RECORDINGS = (
         ordered=False,
     ),
     Recording(
+        "08_compile",
+        "08_performance/train.py",
+        ("--nproc", "2", "--backend", "gloo", "--max-steps", "5", "--compile"),
+        "lesson 08 with --compile, two gloo ranks: what torch.compile made of the DDP model",
+        keep=r"^(training|torch\.compile)",
+    ),
+    Recording(
         "09_oom",
         "09_debugging/oom.py",
         (),

@@ -13,6 +13,10 @@ _BACKWARD = "            scaler.scale(loss / args.accumulate).backward()\n"
 _OPTIONS = (
     "        bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=not args.no_bucket_view,\n"
 )
+_COMPILE = (
+    "    if args.compile:  # compile the wrapped model: graphs split at bucket edges, overlap kept\n"
+    "        model = torch.compile(model)\n"
+)
 _FORWARD = (
     "            with torch.autocast(device.type, dtype=half or torch.bfloat16, "
     "enabled=bool(half)):\n"
@@ -98,6 +102,20 @@ MUTANTS = [
         old="            scaler.update()\n",
         new="",
         caught_by="fp16_run_learns",
+    ),
+    dict(
+        name="compile_ignored",
+        why="--compile is parsed and never applied: the run is the same with or without it",
+        old=_COMPILE,
+        new="",
+        caught_by="compile_flag_compiles_the_wrapped_model",
+    ),
+    dict(
+        name="compile_always",
+        why="torch.compile is applied whatever --compile says",
+        old=_COMPILE,
+        new=_COMPILE.replace("if args.compile:", "if True:"),
+        caught_by="compile_flag_compiles_the_wrapped_model",
     ),
 ]
 
