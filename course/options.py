@@ -101,10 +101,11 @@ def parse(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     if getattr(args, "resume", False) and not args.checkpoint:
         p.error("--resume needs --checkpoint PATH")
     if getattr(args, "compile", False) and getattr(args, "bucket_cap_mb", 25.0) < 1:
-        # torch.compile splits a DDP model's graph at its buckets (DDPOptimizer), and asserts
-        # (torch 2.8 and 2.14.1) that DDP's first bucket, 1 MiB, is no larger than the others.
+        # torch.compile splits a DDP model's graph at its buckets (DDPOptimizer), with a first
+        # bucket of DDP's default 1 MiB whatever the cap, and asserts (torch 2.8 and 2.14.1)
+        # that it is no larger than the others: every rank would die of it at its first step.
         p.error(f"--compile needs --bucket-cap-mb 1 or more, not {args.bucket_cap_mb:g}: "
-                "DDP's first bucket (1 MiB) must not be larger than the others")  # fmt: skip
+                "torch.compile's DDPOptimizer starts with a 1 MiB bucket")  # fmt: skip
     args.progress = not args.quiet and sys.stderr.isatty()
     args.memory_format = torch.channels_last if args.channels_last else torch.preserve_format
     return args
