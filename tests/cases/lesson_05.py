@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from course import ranks
+from course import procs, ranks
 from course.grader.calls import Cases, Tensors
 
 cases = Cases()
@@ -96,15 +96,16 @@ def _rank(rank, world, port, lesson_file, out, sizes, backend="gloo") -> None:
 # A correct gloo ring never waits long in one send or receive: every case, 2-4 ranks and
 # 16 MB, passed with a 0.3 s process-group timeout (twice, four busy loops on two cores,
 # 2026-12-01). The ranks get 10 s, 30x that: a ring that deadlocks (blocking sends first)
-# fails in 10 s instead of waiting out half the case script's deadline.
-RING_PG_TIMEOUT_S = 10
+# fails in 10 s instead of waiting out half the case script's deadline. Stretched, as every
+# deadline, by COURSE_TIMEOUT_SCALE.
+RING_PG_TIMEOUT_S = 10 * procs.timeout_scale()
 
 
 def ring(world: int, sizes, backend: str = "gloo") -> Tensors:
     out = cases.out / f"ranks-{backend}"
     out.mkdir(parents=True, exist_ok=True)
     if backend == "gloo":  # the ranks read it in ranks.join_local (forked: they inherit it)
-        os.environ["COURSE_PG_TIMEOUT"] = str(RING_PG_TIMEOUT_S)
+        os.environ["COURSE_PG_TIMEOUT"] = f"{RING_PG_TIMEOUT_S:g}"
     args = (str(cases.lesson_file), str(out), sizes, backend)
     cases.spawn(_rank, world, *args, what=f"{world}-rank ring", cuda=backend == "nccl")
     got, ops = {}, {}
