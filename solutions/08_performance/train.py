@@ -1,7 +1,7 @@
 """Lesson 08 - Performance: accumulation with no_sync, mixed precision, DDP's options.
 
 Run it:
-    python lessons/08_performance/train.py --nproc 2 --backend gloo --accumulate 4
+    python lessons/08_performance/train.py --nproc 2 --backend gloo --accumulate 4 --batch-size 16
     python lessons/08_performance/train.py --model resnet50 --data synthetic --image-size 224 \
         --batch-size 128 --amp bf16 --channels-last --static-graph         # one rank per GPU
     python -m course bench --lessons 01 02 08 --amp bf16 --channels-last  # what each option buys
