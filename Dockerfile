@@ -8,8 +8,8 @@
 # CUDA 12.8 and cuDNN 9: a CUDA 12.x build runs on any host driver of the 12
 # line, 12.8 also covers the newest GPUs, and torch 2.8 sits inside the range
 # pyproject.toml admits, so installing the course reinstalls nothing large.
-# "runtime" rather than "devel" because the course compiles nothing: no nvcc,
-# no headers, gigabytes smaller.
+# "runtime" rather than "devel" because the course compiles no CUDA code: no nvcc,
+# no CUDA headers, gigabytes smaller. The one compiler it needs is added below.
 FROM pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime
 
 LABEL org.opencontainers.image.title="multigpu-course" \
@@ -24,14 +24,19 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # sshd for long jobs, tini as PID 1 so that orphaned DataLoader workers and
-# kernels are reaped and signals reach the services. Versions come from the
-# pinned base image's Ubuntu release, which keeps its security updates.
-# The package generates host keys while installing; they are deleted so that
+# kernels are reaped and signals reach the services. g++ (and gcc with it) for
+# torch.compile (lesson 08's --compile): on GPUs Triton builds a small C launcher
+# for its kernels at run time, on the CPU inductor writes C++, and this runtime
+# image has no compiler (pytorch/pytorch#116696; later runtime images add gcc,
+# pytorch/pytorch#170235). Versions come from the pinned base image's Ubuntu
+# release, which keeps its security updates.
+# openssh-server generates host keys while installing; they are deleted so that
 # no two containers of this image share an identity (the entrypoint makes
 # fresh ones on first start).
 # hadolint ignore=DL3008
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        g++ \
         openssh-server \
         tini \
     && rm -rf /var/lib/apt/lists/* \
