@@ -240,18 +240,35 @@ def build_datasets(
     Raises FileNotFoundError or ValueError with a one-line message that names
     the problem, for a missing folder, an empty tree or an unknown name.
     """
+    check(name, image_size)
     if name == "digits":
-        if image_size not in (None, 8):
-            raise ValueError("--data digits is 8x8; --image-size does not apply")
         return _on(device, *digits())
     if name == "synthetic" or name.startswith("synthetic:"):
         return synthetic(image_size or 32, train_size=_synthetic_size(name), device=device)
     if name == "cifar10":
         return cifar10(data_dir, image_size or 32)
-    looks_like_path = any(sep in name for sep in ("/", "\\", ".")) or Path(name).exists()
-    if not looks_like_path:
-        raise ValueError(f"--data {name}: unknown; use one of {', '.join(NAMES)} or a folder path")
     return image_folder(name, image_size or 32)
+
+
+def check(name: str, image_size: int | None = None) -> None:
+    """build_datasets' checks that need no data loaded: an unknown name, a folder that is
+    not there, --image-size with the digits. The launching process calls it (through
+    course.options.parse), so that the mistake is one line before any rank starts."""
+    if name == "digits":
+        if image_size not in (None, 8):
+            raise ValueError("--data digits is 8x8; --image-size does not apply")
+    elif name == "synthetic" or name.startswith("synthetic:"):
+        _synthetic_size(name)
+    elif name != "cifar10":
+        looks_like_path = any(sep in name for sep in ("/", "\\", ".")) or Path(name).exists()
+        if not looks_like_path:
+            raise ValueError(
+                f"--data {name}: unknown; use one of {', '.join(NAMES)} or a folder path"
+            )
+        if not Path(name).is_dir():
+            raise FileNotFoundError(
+                f"--data {name}: no such folder (and not one of {', '.join(NAMES)})"
+            )
 
 
 # --8<-- [start:loader]

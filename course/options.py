@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from course import models
+from course import data, models
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -98,6 +98,11 @@ def parse(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     args.memory_format  the layout --channels-last asks for, for model.to()
     """
     args = p.parse_args(argv)
+    if isinstance(getattr(args, "data", None), str):  # a missing folder: one line, no rank
+        try:
+            data.check(args.data, getattr(args, "image_size", None))
+        except (FileNotFoundError, ValueError) as err:
+            p.error(str(err))
     if getattr(args, "resume", False) and not args.checkpoint:
         p.error("--resume needs --checkpoint PATH")
     if getattr(args, "compile", False) and getattr(args, "bucket_cap_mb", 25.0) < 1:

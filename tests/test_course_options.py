@@ -39,6 +39,34 @@ def test_bad_values_are_one_line(capsys, argv):
     assert err.startswith("train.py: error:") and err.endswith("(see --help)")
 
 
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--data", "/no/such/folder"], "no such folder"),
+        (["--data", "imagenet"], "unknown"),
+        (["--data", "synthetic:0"], "synthetic:N"),
+        (["--image-size", "16"], "8x8"),
+    ],
+)
+def test_bad_data_is_one_line_before_any_rank_starts(capsys, argv, words):
+    """What build_datasets would refuse inside every rank (a traceback per rank under
+    mp.spawn) is refused by the parser, in the launching process."""
+    with pytest.raises(SystemExit) as exit_:
+        parse(*argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and words in err, err
+
+
+def test_compile_with_small_buckets_is_one_line(capsys):
+    p = options.parser("Lesson 08 - a title.", prog="train.py")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    assert options.parse(p, ["--compile", "--bucket-cap-mb", "1"]).compile
+    with pytest.raises(SystemExit):
+        options.parse(p, ["--compile", "--bucket-cap-mb", "0.5"])
+    assert "--compile needs --bucket-cap-mb 1 or more" in capsys.readouterr().err
+
+
 def test_resume_needs_a_checkpoint(capsys):
     with pytest.raises(SystemExit):
         parse("--resume", resume=True)
