@@ -181,6 +181,27 @@ def process_group_timeout() -> timedelta:
     return timedelta(seconds=float(os.environ.get("COURSE_PG_TIMEOUT", "120")))
 
 
+def from_environment() -> tuple[int, int, str, int]:
+    """(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), read as torchrun sets them; a one-line
+    ValueError that names what is missing or malformed (lesson 09's rendezvous.py)."""
+    names = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    if missing := [name for name in names if not os.environ.get(name, "").strip()]:
+        raise ValueError(
+            f"{', '.join(missing)} not set: start each rank with RANK, WORLD_SIZE, "
+            "MASTER_ADDR and MASTER_PORT in its environment (torchrun sets them)"
+        )
+    try:
+        rank, world, port = (
+            int(os.environ[name]) for name in ("RANK", "WORLD_SIZE", "MASTER_PORT")
+        )
+    except ValueError:
+        shown = ", ".join(f"{n}={os.environ[n]!r}" for n in ("RANK", "WORLD_SIZE", "MASTER_PORT"))
+        raise ValueError(f"expected whole numbers, got {shown}") from None
+    if not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} with WORLD_SIZE={world}: a rank is 0 to WORLD_SIZE - 1")
+    return rank, world, os.environ["MASTER_ADDR"], port
+
+
 def require_torchrun(backend: str | None = None) -> str:
     """The backend for a torchrun lesson (as backend_and_world_size chooses it); a
     one-line error when started without torchrun, and a warning (rank 0) when

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from course.ranks import cpu_share
+from course.ranks import cpu_share, from_environment
 
 
 def test_cpu_share_splits_the_cores_between_the_ranks(monkeypatch):
@@ -196,3 +196,33 @@ def test_reduce_scatter_averages_says_what_fsdp2_will_do(tmp_path):
         f"reduce_scatter_averages() said {said}, and FSDP2's gradient was {mean} "
         "(1.5 is the mean over the ranks, 3.0 the sum)"
     )
+
+
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({}, "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"}, "MASTER_PORT not set"),
+        ({"RANK": "x", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "RANK='x'"),
+        ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "RANK=2"),
+    ],
+)
+def test_from_environment_says_what_is_wrong_in_one_line(monkeypatch, env, words):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as err:
+        from_environment()
+    assert words in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_from_environment_reads_what_torchrun_sets(monkeypatch):
+    for name, value in {
+        "RANK": "1",
+        "WORLD_SIZE": "3",
+        "MASTER_ADDR": "h",
+        "MASTER_PORT": "29500",
+    }.items():
+        monkeypatch.setenv(name, value)
+    assert from_environment() == (1, 3, "h", 29500)

@@ -23,7 +23,7 @@ from course.runtime import exit_with_one_line, seed_everything
 def parse_args(argv=None):
     p = options.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nproc", type=options.positive_int, default=3, help="gloo ranks (default 3)")
-    p.add_argument("--timeout", type=float, default=15, help="process-group timeout, seconds")
+    p.add_argument("--timeout", type=options.positive_float, default=15, help="group timeout (s)")
     p.add_argument("--diagnose", action="store_true", help="run with DETAIL checks, diagnose")
     return p.parse_args(argv)
 

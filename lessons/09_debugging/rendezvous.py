@@ -26,8 +26,9 @@ from course.runtime import exit_with_one_line
 def parse_args(argv=None):
     p = options.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    p.add_argument("--timeout", type=float, default=10, help="seconds to wait for the others")
-    p.add_argument("--give-up", type=float, default=60, metavar="S",
+    p.add_argument("--timeout", type=options.positive_float, default=10,
+                   help="seconds to wait for the others")  # fmt: skip
+    p.add_argument("--give-up", type=options.positive_float, default=60, metavar="S",
                    help="safety net: after S seconds, print where it waits and exit")  # fmt: skip
     return p.parse_args(argv)
 
@@ -52,8 +53,7 @@ def join(backend: str, timeout: float) -> tuple[int, int]:
     """Join the group that RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT describe; returns
     (rank, world size). A setting that cannot work raises a one-line ValueError or
     ConnectionError within about `timeout` seconds."""
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    rank, world_size, addr, port = ranks.from_environment()  # one line if one is wrong
     # TODO: PyTorch's defaults wait up to 30 minutes, then print a wall of C++ frames, or
     # fail at once with an error that does not say which setting is wrong. Check each
     # setting, wait at most `timeout` seconds for the others, and raise one line that

@@ -23,8 +23,8 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--epochs", type=options.positive_int, default=2)
     p.add_argument("--batch-size", type=options.positive_int, default=32, help="per rank")
-    p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
-    p.add_argument("--read-ms", type=float, default=0.5, help="storage latency per image")
+    p.add_argument("--workers", type=options.non_negative_int, default=4, help="loaders per rank")
+    p.add_argument("--read-ms", type=options.non_negative_float, default=0.5, help="ms per image")
     return p.parse_args(argv)
 
 
