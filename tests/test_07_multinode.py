@@ -278,11 +278,12 @@ def test_dry_run_prints_the_torchrun_command_of_every_option(impl, tmp_path):
         (["--nnodes", "2", "--node-rank", "2", "job.py"], "--node-rank 2"),
         (["--endpoint", "node0", "job.py"], "HOST:PORT"),
         (["--endpoint", "node0:http", "job.py"], "HOST:PORT"),
+        (["no_such_job.py"], "no such script"),
     ],
 )
 def test_bad_arguments_are_one_line(impl, tmp_path, args, words):
     """Wrong launcher arguments (a node rank past --nnodes, an endpoint without a numeric
-    port) stop with one line."""
+    port, a script that is not there) stop with one line."""
     result = procs.python(LESSON.path(impl), *args, timeout=30, cwd=tmp_path)
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and words in lines[0], result.describe()

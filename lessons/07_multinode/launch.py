@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from course import options
 from course.runtime import exit_with_one_line
@@ -41,6 +42,8 @@ def parse_args(argv=None):
         args.host, args.port = split_endpoint(args.endpoint)
     except ValueError as err:
         p.error(str(err))
+    if not args.dry_run and not Path(args.script).is_file():  # before torchrun starts a group
+        p.error(f"{args.script}: no such script")
     return args
 
 
@@ -64,7 +67,7 @@ def wait_for_endpoint(host: str, port: int, timeout: float) -> float:
     # a little later than this node), and give up after `timeout` seconds with a
     # ConnectionError that names the endpoint and the likely causes. Without it, a node
     # with a wrong address waits in torchrun for many minutes and says nothing useful.
-    raise NotImplementedError("TODO at 07_multinode/launch.py:67 is not done yet")
+    raise NotImplementedError("TODO at 07_multinode/launch.py:70 is not done yet")
 
 
 # --8<-- [end:endpoint]
@@ -76,7 +79,7 @@ def torchrun_command(args) -> list[str]:
     # TODO: the torchrun command for this node: --nnodes, --nproc-per-node, a c10d
     # rendezvous at --endpoint under --job-id, --max-restarts, then the script and its
     # arguments. Every node runs the same command; only where it runs differs.
-    raise NotImplementedError("TODO at 07_multinode/launch.py:79 is not done yet")
+    raise NotImplementedError("TODO at 07_multinode/launch.py:82 is not done yet")
 
 
 # --8<-- [end:command]

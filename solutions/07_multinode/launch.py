@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from course import options
 from course.runtime import exit_with_one_line
@@ -41,6 +42,8 @@ def parse_args(argv=None):
         args.host, args.port = split_endpoint(args.endpoint)
     except ValueError as err:
         p.error(str(err))
+    if not args.dry_run and not Path(args.script).is_file():  # before torchrun starts a group
+        p.error(f"{args.script}: no such script")
     return args
 
 
