@@ -23,9 +23,11 @@ Off by default: a hook on every module's call is a (small) cost of its own.
 
 With COURSE_STEP_PROFILE=A:B as well, torch.profiler records the steps after step A up
 to step B (a warm-up window: its time is dropped anyway), and the rank appends to
-DIR/comm-rank<R>.<pid>.txt the steps and the seconds during which a collective ran:
-NCCL's kernels on the GPU, gloo's operations (`gloo:...`) on the CPU, their intervals
-merged, so that overlapping ones count once. comm_per_step() reads it.
+DIR/comm-rank<R>.<pid>.txt the steps, the seconds during which a collective ran (NCCL's
+kernels on the GPU, gloo's operations, `gloo:...`, on the CPU, their intervals merged so
+that overlapping ones count once) and the window's own wall seconds. profiled() reads it:
+the share of the step spent in collectives is taken within that one window, never against
+other windows' step time, which a busy machine can make shorter than the profiled one.
 """
 
 from __future__ import annotations
@@ -69,10 +71,10 @@ def install() -> None:
         if profiled and steps == profiled[0]:
             profiler = _start_profiler()
         elif profiler is not None and steps == profiled[1]:
-            seconds = _stop_profiler(profiler)
+            seconds, wall = _stop_profiler(profiler)
             profiler = None
             name = f"comm-rank{max(current_rank(), 0)}.{os.getpid()}.txt"
-            (folder / name).write_text(f"{profiled[1] - profiled[0]} {seconds:.6f}\n")
+            (folder / name).write_text(f"{profiled[1] - profiled[0]} {seconds:.6f} {wall:.6f}\n")
         if steps % every:
             step_end = time.perf_counter() if timed_waits else None
             return
@@ -105,11 +107,13 @@ def _start_profiler():
         activities.append(ProfilerActivity.CUDA)
     profiler = profile(activities=activities)
     profiler.__enter__()
+    profiler.course_started = time.perf_counter()  # after __enter__: what it can record
     return profiler
 
 
-def _stop_profiler(profiler) -> float:
-    """Seconds, within the profiled steps, during which a collective ran."""
+def _stop_profiler(profiler) -> tuple[float, float]:
+    """Seconds, within the profiled steps, during which a collective ran, and the
+    profiled steps' wall seconds, from the profiler's start to its stop."""
     import json
     import tempfile
 
@@ -117,16 +121,18 @@ def _stop_profiler(profiler) -> float:
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
+    wall = time.perf_counter() - profiler.course_started  # before __exit__'s own cost
     profiler.__exit__(None, None, None)
     with tempfile.TemporaryDirectory(prefix="course-profile-") as scratch:
         trace = Path(scratch) / "trace.json"
         profiler.export_chrome_trace(str(trace))  # the format every torch version writes
         events = json.loads(trace.read_text()).get("traceEvents", [])
-    return merged_seconds(
+    comm = merged_seconds(
         (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
         for e in events
         if e.get("ph") == "X" and "dur" in e and is_collective(e)
     )
+    return comm, wall
 
 
 def is_collective(event: dict) -> bool:
@@ -148,12 +154,12 @@ def merged_seconds(spans) -> float:
     return total / 1e6
 
 
-def comm_per_step(folder: str | Path, rank: int = 0) -> float | None:
-    """Seconds per step during which `rank` ran a collective, over its profiled steps
-    (COURSE_STEP_PROFILE); None if it profiled none."""
+def profiled(folder: str | Path, rank: int = 0) -> tuple[float, float] | None:
+    """(seconds per step during which `rank` ran a collective, wall seconds per step), both
+    over the same profiled steps (COURSE_STEP_PROFILE); None if it profiled none."""
     for path in sorted(Path(folder).glob(f"comm-rank{rank}.*.txt")):
-        steps, seconds = path.read_text().split()
-        return float(seconds) / int(steps)
+        steps, seconds, wall = path.read_text().split()
+        return float(seconds) / int(steps), float(wall) / int(steps)
     return None
 
 

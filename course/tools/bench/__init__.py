@@ -35,8 +35,8 @@ GPU, so the model is measured and not the input pipeline):
                               "bubble" is 1 - efficiency, beside (p-1)/(m+p-1); then
                               tensor.py --nproc 1 --split none, and --nproc N with --split
                               hand and dtensor, each profiled over its last warm-up window:
-                              "in collectives" is the share of a step during which NCCL's
-                              kernels (gloo's operations) ran. Wider models on GPUs. Only
+                              "in collectives" is the share of that window's steps during
+                              which NCCL's kernels (gloo's operations) ran. Wider models on GPUs. Only
                               when asked: --lessons 11
 
 The processes run with the caller's environment, not the grader's one-thread
