@@ -36,8 +36,8 @@ GPU, so the model is measured and not the input pipeline):
                               tensor.py --nproc 1 --split none, and --nproc N with --split
                               hand and dtensor, each profiled over its last warm-up window:
                               "in collectives" is the share of that window's steps during
-                              which NCCL's kernels (gloo's operations) ran. Wider models on GPUs. Only
-                              when asked: --lessons 11
+                              which NCCL's kernels (gloo's operations) ran. Wider models
+                              on GPUs. Only when asked: --lessons 11
 
 The processes run with the caller's environment, not the grader's one-thread
 settings, so a lesson that oversubscribes the CPU shows it. Their optimizer
