@@ -21,6 +21,7 @@ from course import checkpoint, data, lessons, models, procs
 from course.grader import judge
 from course.grader.plugin import call_lesson
 from course.grader.tolerances import seed, tolerance
+from course.probes import batch_log
 
 LESSON = lessons.get("01")
 CASES = Path(__file__).with_name("cases") / "lesson_01.py"
@@ -369,6 +370,24 @@ def test_missing_data_folder_gives_one_line(impl, run_script, tmp_path):
     assert result.returncode not in (0, None), result.describe()
     assert len(lines) == 1, f"expected one line, got:\n{result.output}"
     assert lines[0].startswith("train.py: error:") and "no such folder" in lines[0]
+
+
+@pytest.mark.points(1)
+def test_image_size_resizes_a_folders_images(impl, run_script, tmp_path):
+    """`--data tree --image-size 12` on a tree of 16x16 PNGs trains on 12x12 images (the
+    default would be 32x32). Seen inside the run: the first batch of each pass over the
+    training set, recorded by course/probes/batch_log.py."""
+    data.make_image_folder(tmp_path / "tree", classes=2, per_class=8, val_per_class=4, size=16)
+    logs = tmp_path / "batches"
+    logs.mkdir()
+    args = ["--data", "tree", "--image-size", "12", "--epochs", "1", "--batch-size", "4"]
+    args += ["--num-workers", "0", "--quiet"]
+    run_script(LESSON.path(impl), *args, env={batch_log.LOG_ENV: str(logs)})
+    seen = batch_log.shapes(logs, rank=0, length=16)
+    assert seen and all(shape[-2:] == (12, 12) for shape in seen), (
+        f"{' '.join(args)}: the training batches' inputs were {seen or 'not seen'}; expected "
+        "[..., 12, 12]. Likely cause: --image-size is not passed to data.build_datasets"
+    )
 
 
 @pytest.mark.points(1)

@@ -30,3 +30,7 @@ def test_every_pass_over_a_dataset_is_logged(tmp_path):
     assert passes[0] != passes[1], "the shuffle differs between the two epochs"
     assert batch_log.passes(logs, rank=1, length=3) == [[0, 1, 2]]
     assert batch_log.passes(logs, rank=0, length=10) == []
+    # The first batch of each pass: its inputs' shape, once a pass (the last batch of 10
+    # samples in 4s holds 2, and is not the one logged).
+    assert batch_log.shapes(logs, rank=1, length=10) == [(4,), (4,)]
+    assert batch_log.shapes(logs, rank=1, length=3) == [(2,)]

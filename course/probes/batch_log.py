@@ -10,8 +10,13 @@ DIR/rank<R>.<pid>.txt:
     <pass> <dataset length> <index>,<index>,...
 
 A pass is one iteration over a DataLoader (an epoch, or an evaluation); the
-dataset length tells the training set from the test set. A process that starts with
-MASTER_PORT in its environment also writes it to DIR/port.<pid>.
+dataset length tells the training set from the test set. The first batch of each pass
+also gives DIR/shape-rank<R>.<pid>.txt a line, the shape of its first tensor (the inputs):
+
+    <pass> <dataset length> 64x3x32x32
+
+which is how the grader sees what `--image-size` did to a folder's images. A process
+that starts with MASTER_PORT in its environment also writes it to DIR/port.<pid>.
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ def install() -> None:
         (folder / f"port.{os.getpid()}").write_text(os.environ["MASTER_PORT"])
     passes = itertools.count()
     cls = dataloader._BaseDataLoaderIter
-    init, reset, next_index = cls.__init__, cls._reset, cls._next_index
+    init, reset, next_index, next_batch = cls.__init__, cls._reset, cls._next_index, cls.__next__
 
     def new_pass(self, loader) -> None:
+        self._course_shaped = False
         self._course_pass = next(passes)
         try:
             self._course_length = len(loader.dataset)
@@ -62,7 +68,32 @@ def install() -> None:
             os.close(fd)
         return index
 
+    def __next__(self):
+        batch = next_batch(self)
+        if not getattr(self, "_course_shaped", True):  # the pass's first batch
+            self._course_shaped = True
+            shape = _first_shape(batch)
+            if shape is not None:
+                line = f"{self._course_pass} {self._course_length} {'x'.join(map(str, shape))}\n"
+                name = folder / f"shape-rank{max(current_rank(), 0)}.{os.getpid()}.txt"
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                try:
+                    os.write(fd, line.encode())
+                finally:
+                    os.close(fd)
+        return batch
+
     cls.__init__, cls._reset, cls._next_index = __init__, _reset, _next_index
+    cls.__next__ = __next__
+
+
+def _first_shape(batch) -> tuple[int, ...] | None:
+    """The shape of the first tensor in a batch: itself, an (inputs, labels) pair's
+    inputs, a dict's first value; None if it holds none."""
+    while isinstance(batch, list | tuple | dict) and batch:
+        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
+    shape = getattr(batch, "shape", None)
+    return tuple(int(n) for n in shape) if shape is not None else None
 
 
 def ports(folder: str | Path) -> set[str]:
@@ -79,3 +110,17 @@ def passes(folder: str | Path, rank: int, length: int) -> list[list[int]]:
             if size == str(length) and indices:
                 out.setdefault((path.name, int(number)), []).extend(map(int, indices.split(",")))
     return list(out.values())
+
+
+def shapes(folder: str | Path, rank: int, length: int) -> list[tuple[int, ...]]:
+    """The shape of the first batch's inputs in each of `rank`'s passes over a dataset of
+    `length` samples, in the order the passes ran."""
+    out = []
+    for path in sorted(
+        Path(folder).glob(f"shape-rank{rank}.*.txt"), key=lambda p: p.stat().st_mtime
+    ):
+        for line in path.read_text().splitlines():
+            parts = line.split(" ")
+            if len(parts) == 3 and parts[1] == str(length):
+                out.append(tuple(int(n) for n in parts[2].split("x")))
+    return out
