@@ -69,6 +69,9 @@ FACTS = {
     "steps": re.compile(r"after (\d+) steps"),
     "epoch1_test_loss": re.compile(r"epoch 1/\d+: .*?test loss ([\d.]+)"),
     "epoch1_accuracy": re.compile(r"epoch 1/\d+: .*?test accuracy ([\d.]+%)"),
+    # lesson 10's FSDP2: block parameters still whole after forward, of how many
+    "whole_after_forward": re.compile(r"after forward (\d+) of \d+ block parameters"),
+    "block_parameters": re.compile(r"after forward \d+ of (\d+) block parameters"),
 }
 
 

@@ -275,6 +275,14 @@ RECORDINGS = (
         "lesson 10, FSDP2 on two gloo ranks, 60 steps without a stop",
     ),
     Recording(
+        "10_fsdp2_whole",
+        "10_sharding/fsdp2.py",
+        ("--nproc", "2", "--backend", "gloo", "--steps", "1", "--compute-dtype", "bf16")
+        + ("--no-reshard-after-forward",),
+        "lesson 10, FSDP2 without resharding after forward: every block stays whole",
+        keep=r"^\d+ ranks, logits",
+    ),
+    Recording(
         "10_memory",
         "",
         ("--nproc", "2", "--backend", "gloo"),
