@@ -31,6 +31,7 @@ LOG_ENV = "COURSE_BATCH_LOG"
 def install() -> None:
     from torch.utils.data import dataloader
 
+    from course.probes import append_line
     from course.probes.write_log import current_rank
 
     folder = Path(os.environ[LOG_ENV])
@@ -60,12 +61,7 @@ def install() -> None:
         index = next_index(self)
         batch = index if isinstance(index, list | tuple) else [index]
         line = f"{self._course_pass} {self._course_length} {','.join(map(str, batch))}\n"
-        name = folder / f"rank{max(current_rank(), 0)}.{os.getpid()}.txt"
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+        append_line(folder / f"rank{max(current_rank(), 0)}.{os.getpid()}.txt", line)
         return index
 
     def __next__(self):
@@ -75,12 +71,8 @@ def install() -> None:
             shape = _first_shape(batch)
             if shape is not None:
                 line = f"{self._course_pass} {self._course_length} {'x'.join(map(str, shape))}\n"
-                name = folder / f"shape-rank{max(current_rank(), 0)}.{os.getpid()}.txt"
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-                try:
-                    os.write(fd, line.encode())
-                finally:
-                    os.close(fd)
+                name = f"shape-rank{max(current_rank(), 0)}.{os.getpid()}.txt"
+                append_line(folder / name, line)
         return batch
 
     cls.__init__, cls._reset, cls._next_index = __init__, _reset, _next_index

@@ -34,6 +34,7 @@ def install() -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
+    from course.probes import append_line
     from course.probes.write_log import current_rank
 
     folder = Path(os.environ[LOG_ENV])
@@ -68,15 +69,8 @@ def install() -> None:
                 gradient_as_bucket_view=bool(ddp.gradient_as_bucket_view),
                 static_graph=bool(ddp.static_graph),
             )
-        fd = os.open(
-            folder / f"rank{max(current_rank(), 0)}.{os.getpid()}.jsonl",
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-            0o644,
-        )
-        try:
-            os.write(fd, (json.dumps(line) + "\n").encode())
-        finally:
-            os.close(fd)
+        name = f"rank{max(current_rank(), 0)}.{os.getpid()}.jsonl"
+        append_line(folder / name, json.dumps(line) + "\n")
 
     DDP.__init__ = __init__
     DDP.register_comm_hook = register_comm_hook

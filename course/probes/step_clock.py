@@ -47,6 +47,7 @@ def install() -> None:
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
+    from course.probes import append_line
     from course.probes.write_log import current_rank
 
     folder = Path(os.environ[LOG_ENV])
@@ -83,16 +84,7 @@ def install() -> None:
         now = time.perf_counter()
         line = f"{steps} {now:.6f}" + (f" {waited:.6f}\n" if timed_waits else "\n")
         waited, step_end = 0.0, (now if timed_waits else None)
-        # O_APPEND, one write: a reader never sees half a line.
-        fd = os.open(
-            folder / f"rank{max(current_rank(), 0)}.{os.getpid()}.txt",
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-            0o644,
-        )
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+        append_line(folder / f"rank{max(current_rank(), 0)}.{os.getpid()}.txt", line)
 
     register_optimizer_step_post_hook(after_step)
 

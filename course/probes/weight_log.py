@@ -24,6 +24,7 @@ def install() -> None:
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
+    from course.probes import append_line
     from course.probes.write_log import current_rank
 
     folder = Path(os.environ[LOG_ENV])
@@ -39,15 +40,8 @@ def install() -> None:
                 x = p.detach().double()
                 total += x.sum().item()
                 squares += (x * x).sum().item()
-        fd = os.open(
-            folder / f"rank{max(current_rank(), 0)}.{os.getpid()}.txt",
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-            0o644,
-        )
-        try:
-            os.write(fd, f"{steps} {total!r} {squares!r}\n".encode())
-        finally:
-            os.close(fd)
+        name = f"rank{max(current_rank(), 0)}.{os.getpid()}.txt"
+        append_line(folder / name, f"{steps} {total!r} {squares!r}\n")
 
     register_optimizer_step_post_hook(after_step)
 
