@@ -43,16 +43,6 @@ ENVIRONMENT = (
 )
 
 
-def append_line(path, line: str) -> None:
-    """Append one line to `path` in one O_APPEND write: the ranks and processes that share
-    a file never interleave their lines, and a reader never sees half of one."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-
-
 def install() -> None:
     if not any(os.environ.get(name) for name in ENVIRONMENT):
         return  # the common case: a plain run, nothing to watch

@@ -31,7 +31,7 @@ LOG_ENV = "COURSE_BATCH_LOG"
 def install() -> None:
     from torch.utils.data import dataloader
 
-    from course.probes import append_line
+    from course.probes.lines import append_line
     from course.probes.write_log import current_rank
 
     folder = Path(os.environ[LOG_ENV])

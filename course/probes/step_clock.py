@@ -47,7 +47,7 @@ def install() -> None:
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from course.probes import append_line
+    from course.probes.lines import append_line
     from course.probes.write_log import current_rank
 
     folder = Path(os.environ[LOG_ENV])
