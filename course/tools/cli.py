@@ -20,6 +20,7 @@ python -m course timeline --out t.json     # backward and DDP's all-reduces on o
 python -m course clock SCRIPT [ARGS]       # a script's steps and its data-wait fraction
 python -m course spy SCRIPT [ARGS]         # the stack of every rank of a stuck job (py-spy)
 python -m course memory [--nproc 2]        # lesson 10's sharding ways: bytes predicted, counted
+python -m course find-unused               # lesson 09: what find_unused_parameters=True costs
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("clock", help="a script's steps and data-wait fraction", add_help=False)
     sub.add_parser("spy", help="where each rank of a stuck job waits (py-spy)", add_help=False)
     sub.add_parser("memory", help="lesson 10: bytes per rank, predicted and counted",
+                   add_help=False)  # fmt: skip
+    sub.add_parser("find-unused", help="lesson 09: what find_unused_parameters=True costs",
                    add_help=False)  # fmt: skip
     sub.add_parser(
         "durations", help="the test suite's seconds by file and kind, from a JUnit file",
@@ -244,6 +247,7 @@ TOOLS = {
     "timeline": ("timeline", ValueError),
     "clock": ("clock", FileNotFoundError),
     "memory": ("memory", (FileNotFoundError, ValueError)),
+    "find-unused": ("find_unused", ()),
     "spy": ("spy", FileNotFoundError),
     "autograder": ("autograder", ()),
     "classroom": ("classroom", ()),

@@ -44,6 +44,9 @@ VOLATILE = [
     (re.compile(r"data wait \d+%"), "data wait N%"),
     # lesson 11: a bubble measured on a shared processor
     (re.compile(r"bubble [\d.]+ of the step"), "bubble N of the step"),
+    # lesson 09: find_unused_parameters' cost, timed (python -m course find-unused)
+    (re.compile(r"-?\d+ us\b"), "N us"),
+    (re.compile(r"[+-][\d.]+ % a step"), "N % a step"),
 ]
 # Lines a record leaves out, because whether and in which form they appear
 # varies from run to run: the traceback a surviving rank prints when its peer
@@ -72,6 +75,11 @@ FACTS = {
     # lesson 10's FSDP2: block parameters still whole after forward, of how many
     "whole_after_forward": re.compile(r"after forward (\d+) of \d+ block parameters"),
     "block_parameters": re.compile(r"after forward \d+ of (\d+) block parameters"),
+    # lesson 09: what find_unused_parameters=True costs (python -m course find-unused)
+    "autograd_nodes": re.compile(r"walks after each forward: (\d+) autograd nodes"),
+    "find_unused_forward": re.compile(r"True - False \(paired\) +(-?\d+ us)"),
+    "find_unused_step": re.compile(r"True - False \(paired\) +-?\d+ us +(-?\d+ us)"),
+    "find_unused_share": re.compile(r"find_unused_parameters=True: ([+-][\d.]+ %) a step"),
 }
 
 

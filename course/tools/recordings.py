@@ -158,6 +158,13 @@ RECORDINGS = (
         keep=r"^(step \d|RuntimeError|Parameters which|Parameter indices)",
     ),
     Recording(
+        "09_find_unused",
+        "",
+        (),
+        "lesson 09, what DDP's find_unused_parameters=True costs a step of the fixed model",
+        verb="find-unused",
+    ),
+    Recording(
         "09_hang_spy",
         "09_debugging/hang.py",
         ("--timeout", "60"),  # stuck for a minute: time to look, on a loaded machine too

@@ -1,0 +1,53 @@
+"""python -m course find-unused: lesson 09's model timed with and without DDP's
+find_unused_parameters, in turns; the graph it walks counted; one-line errors for bad input."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import torch
+
+from course import models, procs
+
+
+def run(*args, timeout=120):
+    return procs.run(args=[sys.executable, "-m", "course", "find-unused", *args], timeout=timeout)
+
+
+def autograd_nodes() -> int:
+    """The grader's own count: every node reachable from the CNN's output, by its
+    next_functions."""
+    torch.manual_seed(0)
+    out = models.SmallCNN(10, 1, norm="none")(torch.zeros(2, 1, 8, 8))
+    seen, todo = set(), [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo += [n for n, _ in node.next_functions]
+    return len(seen)
+
+
+def test_it_times_both_settings_and_counts_the_graph():
+    """--steps 6 --warmup 2 --batch-size 8: the header says so, the graph's nodes are the
+    grader's own count, and each setting has a positive forward and step time, the step
+    longer than its forward."""
+    result = run("--steps", "6", "--warmup", "2", "--batch-size", "8")
+    assert result.returncode == 0, result.describe()
+    out = result.output
+    assert "8 digits a step" in out and "6 steps each way" in out and "after 2 of" in out, out
+    nodes = re.search(r"(\d+) autograd nodes", out)
+    assert nodes and int(nodes[1]) == autograd_nodes(), (nodes and nodes[1], autograd_nodes())
+    for flag in ("False", "True"):
+        row = re.search(rf"find_unused_parameters={flag} +(\d+) us +(\d+) us", out)
+        assert row and 0 < int(row[1]) < int(row[2]), (flag, out)
+    assert re.search(r"True - False \(paired\) +-?\d+ us +-?\d+ us +quartiles", out), out
+    assert re.search(r"find_unused_parameters=True: [+-][\d.]+ % a step", out), out
+
+
+def test_bad_input_is_one_line():
+    result = run("--steps", "0")
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.describe()
+    assert "--steps" in lines[0], lines
