@@ -100,8 +100,8 @@ def report(found: dict, steps: int, warmup: int, batch_size: int) -> str:
         diffs[part] = (statistics.median(paired), quartiles[0], quartiles[2])
     share = diffs["step"][0] / cells["step"][0]
     lines = [
-        f"lesson 09's model (lesson 01's CNN without BatchNorm), {batch_size} digits a step, "
-        f"1 gloo rank, 1 thread; {steps} steps each way, in turns, after {warmup} of warm-up",
+        f"lesson 09's fixed model, {batch_size} digits a step, one gloo rank, one thread",
+        f"{steps} steps each way, in turns, after {warmup} of warm-up",
         f"the graph DDP walks after each forward: {found['nodes']} autograd nodes",
         f"{'':28}{'forward':>10}{'step':>10}",
     ]
@@ -109,8 +109,9 @@ def report(found: dict, steps: int, warmup: int, batch_size: int) -> str:
         row = "".join(f"{cells[p][flag] * us:>7.0f} us" for p in ("forward", "step"))
         lines.append(f"{f'find_unused_parameters={flag}':28}{row}")
     row = "".join(f"{diffs[p][0] * us:>7.0f} us" for p in ("forward", "step"))
-    spread = ", ".join(f"{diffs[p][1] * us:.0f} us to {diffs[p][2] * us:.0f} us" for p in diffs)
-    lines.append(f"{'True - False (paired)':28}{row}   quartiles {spread}")
+    lines.append(f"{'True - False (paired)':28}{row}")
+    spread = ", ".join(f"{p} {diffs[p][1] * us:.0f} to {diffs[p][2] * us:.0f} us" for p in diffs)
+    lines.append(f"quartiles of the paired differences: {spread}")
     lines.append(f"find_unused_parameters=True: {100 * share:+.1f} % a step")
     return "\n".join(lines)
 

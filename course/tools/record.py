@@ -45,7 +45,8 @@ VOLATILE = [
     # lesson 11: a bubble measured on a shared processor
     (re.compile(r"bubble [\d.]+ of the step"), "bubble N of the step"),
     # lesson 09: find_unused_parameters' cost, timed (python -m course find-unused)
-    (re.compile(r"-?\d+ us\b"), "N us"),
+    (re.compile(r"(forward|step) -?\d+ to -?\d+ us"), r"\1 N to N us"),
+    (re.compile(r" *-?\d+ us\b"), " N us"),  # the padding too: widths vary
     (re.compile(r"[+-][\d.]+ % a step"), "N % a step"),
 ]
 # Lines a record leaves out, because whether and in which form they appear
