@@ -27,13 +27,21 @@ from pathlib import Path
 
 
 def parser() -> argparse.ArgumentParser:
-    from course.options import ArgumentParser, positive_int
+    from course.options import ArgumentParser, non_negative_int, positive_int
 
     p = ArgumentParser(prog="python -m course find-unused", description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=positive_int, default=400, help="timed steps each way")
-    p.add_argument("--warmup", type=positive_int, default=20, help="steps each way not timed")
+    p.add_argument("--steps", type=at_least_two, default=400, help="timed steps each way")
+    p.add_argument("--warmup", type=non_negative_int, default=20, help="steps each way not timed")
     p.add_argument("--batch-size", type=positive_int, default=32, help="digits a step")
     return p
+
+
+def at_least_two(text: str) -> int:
+    """--steps: quartiles of the paired differences need two of them."""
+    value = int(text) if text.lstrip("-").isdigit() else None
+    if value is None or value < 2:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 2, got {text}")
+    return value
 
 
 def graph_nodes(output) -> int:
