@@ -44,3 +44,12 @@ def test_table_against_a_rated_limit():
     markdown = bandwidth.table(doc, markdown=True, limit_gb_s=450)
     assert "busbw / 450 GB/s" in markdown and "| 67% |" in markdown
     assert bandwidth.table(doc, limit_gb_s=450).splitlines()[1].split()[-1] == "67%"
+
+
+def test_the_latency_bound_is_the_largest_size_within_twice_the_smallest_time():
+    rows = [(4096, 30.0), (65536, 33.0), (1 << 20, 59.0), (1 << 24, 61.0), (1 << 26, 50.0)]
+    doc = {"rows": [{"bytes": b, "time_us": t} for b, t in reversed(rows)]}  # any order
+    # 16 MiB is past twice 30 us; 64 MiB, faster again (noise), comes after the break.
+    assert bandwidth.figures(doc) == {"smallest_time": "30 us", "latency_bound": "1 MiB"}
+    doc["rows"][-1]["time_us"] = 10.0  # the smallest message: all but it are over 2 x 10
+    assert bandwidth.figures(doc)["latency_bound"] == "4 KiB"

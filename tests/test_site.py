@@ -418,6 +418,23 @@ def test_recorded_outputs_facts_todos_and_hints_expand_at_build_time():
             hook.expand(bad + "\n", "page.md")
 
 
+def test_bandwidth_figures_quoted_in_prose_come_from_the_records(tmp_path):
+    """[[bandwidth:FOLDER/FILE:NAME]]: a figure course.tools.bandwidth computes from a
+    record; an unknown name or record is a build error, not a blank."""
+    folder = tmp_path / "docs" / "results" / "r"
+    folder.mkdir(parents=True)
+    rows = [{"bytes": 4096, "time_us": 40.2}, {"bytes": 65536, "time_us": 200.0}]
+    (folder / "b.json").write_text(json.dumps({"rows": rows}), encoding="utf-8")
+    assert records.render_bandwidth_figure("r/b", "smallest_time", root=tmp_path) == "40 us"
+    assert records.render_bandwidth_figure("r/b", "latency_bound", root=tmp_path) == "4 KiB"
+    with pytest.raises(hook.PluginError, match="no such figure"):
+        records.render_bandwidth_figure("r/b", "nothing", root=tmp_path)
+    with pytest.raises(hook.PluginError, match="cannot read"):
+        records.render_bandwidth_figure("r/missing", "latency_bound", root=tmp_path)
+    page = (DOCS / "lessons" / "05_collectives.md").read_text(encoding="utf-8")
+    assert "[[bandwidth:05_allreduce/cpu-gloo:latency_bound]]" in page
+
+
 def test_bench_figures_quoted_in_prose_come_from_the_records(tmp_path):
     """[[bench:FOLDER/FILE:KEY.FIELD]] is a figure of one row, KEY.F/KEY.F a ratio of two."""
     from course.tools.bench import launch, render

@@ -132,6 +132,25 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+# A message is latency-bound while it costs at most this many times the smallest one's
+# time: its size hardly matters yet, the fixed cost of starting the collective does.
+LATENCY_BOUND = 2.0
+
+
+def figures(doc: dict) -> dict[str, str]:
+    """What a page quotes from a record ([[bandwidth:FOLDER/FILE:NAME]]): smallest_time,
+    the smallest message's median time, and latency_bound, the largest size that costs at
+    most LATENCY_BOUND times that (up to there, latency dominates)."""
+    rows = sorted(doc["rows"], key=lambda r: r["bytes"])
+    base = rows[0]["time_us"]
+    bound = rows[0]["bytes"]
+    for r in rows:
+        if r["time_us"] > LATENCY_BOUND * base:
+            break
+        bound = r["bytes"]
+    return {"smallest_time": f"{base:.0f} us", "latency_bound": _size(bound)}
+
+
 def table(doc: dict, markdown: bool = False, limit_gb_s: float | None = None) -> str:
     """The rows; with `limit_gb_s` (a link's rated speed, per direction), the bus
     bandwidth's share of it too."""

@@ -18,7 +18,9 @@ and it is left alone inside a fenced code block:
     One row per JSON record of measurements in that folder.
 ``<!-- bandwidth-table: docs/results/FOLDER/FILE.json [LIMIT] -->``
     A ``python -m course bandwidth`` record; LIMIT (GB/s per direction, a link's
-    rated speed that the page sources) adds the bus bandwidth's share of it.
+    rated speed that the page sources) adds the bus bandwidth's share of it. Inline,
+    ``[[bandwidth:FOLDER/FILE:NAME]]`` quotes smallest_time or latency_bound
+    (``course.tools.bandwidth.figures``).
 ``<!-- bench-table: docs/results/FOLDER/FILE.json -->``
     A ``python -m course bench`` record: its table, provenance and commands.
 ``<!-- hints: NN -->``

@@ -99,7 +99,7 @@ def render_bench_plot(folder: str, root: Path = ROOT) -> str:
 
 # Not inside `code`: a page may show the syntax itself.
 INLINE = re.compile(
-    r"(?<!`)\[\[(?P<kind>fact|todo|bench|tolerance):(?P<a>[\w./-]+):(?P<b>[\w./-]+)\]\](?!`)"
+    r"(?<!`)\[\[(?P<kind>fact|todo|bench|tolerance|bandwidth):(?P<a>[\w./-]+):(?P<b>[\w./-]+)\]\](?!`)"
 )
 
 
@@ -144,10 +144,27 @@ def render_bench_figure(record: str, spec: str, root: Path = ROOT) -> str:
     return f"{value:,.0f}" if isinstance(value, float) and value >= 100 else str(value)
 
 
+def render_bandwidth_figure(record: str, name: str, root: Path = ROOT) -> str:
+    """[[bandwidth:FOLDER/FILE:NAME]]: a figure of a `course bandwidth` record under
+    docs/results (course.tools.bandwidth.figures: smallest_time, latency_bound)."""
+    bandwidth = importlib.import_module("course.tools.bandwidth")
+    path = root / "docs" / "results" / f"{record}.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise PluginError(f"[[bandwidth:{record}:{name}]]: cannot read {path}: {exc}") from exc
+    found = bandwidth.figures(doc)
+    if name not in found:
+        raise PluginError(f"[[bandwidth:{record}:{name}]]: no such figure ({sorted(found)})")
+    return found[name]
+
+
 def render_inline(m: re.Match) -> str:
     kind, a, b = m.group("kind"), m.group("a"), m.group("b")
     if kind == "bench":
         return render_bench_figure(a, b)
+    if kind == "bandwidth":
+        return render_bandwidth_figure(a, b)
     if kind == "tolerance":
         return render_tolerance_figure(a, b)
     if kind == "fact":
