@@ -30,9 +30,13 @@ def parser() -> argparse.ArgumentParser:
     from course.options import ArgumentParser, non_negative_int, positive_int
 
     p = ArgumentParser(prog="python -m course find-unused", description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=at_least_two, default=400, help="timed steps each way")
-    p.add_argument("--warmup", type=non_negative_int, default=20, help="steps each way not timed")
-    p.add_argument("--batch-size", type=positive_int, default=32, help="digits a step")
+    p.add_argument(
+        "--steps", type=at_least_two, default=400, help="timed steps each way (default 400)"
+    )
+    p.add_argument(
+        "--warmup", type=non_negative_int, default=20, help="steps each way not timed (default 20)"
+    )
+    p.add_argument("--batch-size", type=positive_int, default=32, help="digits a step (default 32)")
     return p
 
 
