@@ -36,10 +36,11 @@ where a new helper goes:
     chaos            faults on purpose: kill a rank at a step, or mid-write
     step_clock       when each optimizer step ended, and how long the next batch took
                      to arrive (for the benchmarks and `course clock`)
+    lines            how they append to their logs: one O_APPEND write a line
 
   course/tools/      the command-line tools: cli (python -m course), bench, clock,
-                     bandwidth, timeline, record (recordings), durations, sizes,
-                     release, hints
+                     bandwidth, timeline, memory, find_unused, spy, record
+                     (recordings), durations, sizes, release, hints
 
 The rules are tested (tests/test_course_layout.py): lessons import only the
 top level; the top level imports nothing below it; probes import nothing heavy
