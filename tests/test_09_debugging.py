@@ -7,7 +7,8 @@ The functions are called in a child process and in gloo ranks forked from it
 - oom: train_step on 1,000 digits, 128 at a time (the last micro-batch is smaller), 3 steps
   of SGD with momentum, under the case script's own meter of saved activations
   (course/memory.py). The peak must stay under 8 MiB, and the weights must be those of the
-  same steps on the whole batch, which this process trains itself.
+  same steps on the whole batch, which this process trains itself. On a GPU, the script's
+  own torch.cuda.max_memory_allocated must drop with micro-batches as well.
 - unused: every parameter of unused.Net gets a gradient, and unused.train runs 3 DDP steps
   on 2 ranks to identical replicas.
 - hang: hang.train on 3 ranks (shards of 480, 480 and 478 digits) ends, every rank taking
@@ -163,6 +164,48 @@ def test_oom_script_runs_with_its_flags(impl, tmp_path):
     )
     peaks = [float(p) for p in re.findall(r"activations at most ([\d.]+) MiB", result.output)]
     assert len(peaks) == 2 and max(peaks) <= 2, f"expected 2 steps under 2 MiB:\n{result.output}"
+
+
+@pytest.mark.points(1)
+@pytest.mark.gpus(1)
+def test_oom_on_a_gpu_the_allocator_holds_less(impl, tmp_path):
+    """On a GPU, `oom.py --budget-mb 64 --steps 2 --device cuda`, the 1,024 digits at once
+    (`--micro-batch 1024`) and 128 at a time: with micro-batches the CUDA allocator's own
+    peak (torch.cuda.max_memory_allocated, which the script prints) drops by at least half
+    of what the saved activations drop by, and step 1's loss is the same (no update yet)."""
+    found = {}
+    for micro in (1024, 128):
+        args = ["--budget-mb", "64", "--steps", "2", "--device", "cuda", "--micro-batch"]
+        result = procs.python(LESSON.path(impl), *args, str(micro), timeout=90, cwd=tmp_path)
+        if not result.ok:
+            pytest.fail(result.failure(), pytrace=False)
+        step = re.search(
+            r"step 1: loss ([\d.]+), activations at most ([\d.]+) MiB, "
+            r"allocated at most ([\d.]+) MiB",
+            result.output,
+        )
+        assert step, (
+            f"--micro-batch {micro}: no 'step 1: ... allocated at most' line in\n"
+            + (result.output[-1500:])
+        )
+        found[micro] = [float(x) for x in step.groups()]
+    (loss_all, saved_all, held_all), (loss_micro, saved_micro, held_micro) = found.values()
+    assert abs(loss_all - loss_micro) <= 2e-4, (
+        f"step 1's loss: {loss_all} with the whole batch, {loss_micro} in micro-batches of "
+        "128; expected the same (no update yet). Likely cause: each micro-batch's loss is "
+        "not its share of the whole batch's mean"
+    )
+    assert saved_micro < saved_all, (
+        f"saved activations: {saved_all} MiB with the whole batch, {saved_micro} MiB with "
+        "micro-batches of 128; expected less with micro-batches. Likely cause: train_step "
+        "still holds the whole batch's activations at once (one forward on all of it, or "
+        "every micro-batch's graph kept until one backward)"
+    )
+    assert held_all - held_micro >= (saved_all - saved_micro) / 2, (
+        f"the CUDA allocator's peak: {held_all} MiB with the whole batch, {held_micro} MiB "
+        f"with micro-batches of 128, while the saved activations dropped from {saved_all} to "
+        f"{saved_micro} MiB; expected the allocator to drop by at least half as much"
+    )
 
 
 # --- exercise 2: unused parameters -------------------------------------------------------

@@ -42,12 +42,14 @@ def test_every_record_under_docs_results_is_known_with_a_command_that_parses():
             assert (REPO_ROOT / figure.command[1]).is_file(), figure
             assert figure.gpus >= 1, f"{figure.record}: an experiment that says no GPU count"
         elif figure.verb == "record":
-            record.get(figure.command[-1])  # raises for a name no recording has
-            assert figure.gpus == 0
+            recording = record.get(figure.command[-1])  # raises for a name no recording has
+            assert figure.gpus == recording.gpus, (figure, recording.gpus)
         else:
             args = list(figure.command[4:])
             parses(figure.verb, args)
             assert args[args.index("--out") + 1] == figure.record, figure.command
+    record_gpus = {f.name: f.gpus for f in known if f.verb == "record"}
+    assert record_gpus["outputs/09_find_unused_gpu"] == 1 and record_gpus["outputs/01_cpu"] == 0
     bench_gpus = {f.name: f.gpus for f in known if f.verb == "bench"}
     assert bench_gpus["08_performance/1xh200-b128-files-compile"] == 1
     assert bench_gpus["scaling_2xh200/fp32"] == 2

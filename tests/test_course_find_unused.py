@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import sys
 
+import pytest
 import torch
 
 from course import models, procs
@@ -55,3 +56,31 @@ def test_bad_input_is_one_line():
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert result.returncode == 2 and len(lines) == 1, result.describe()
         assert flag in lines[0], lines
+
+
+def test_device_cuda_without_a_gpu_is_one_line():
+    """--device cuda where no GPU is visible: refused in one line that says so (on a GPU
+    machine, CUDA_VISIBLE_DEVICES="" hides them)."""
+    result = procs.run(
+        args=[sys.executable, "-m", "course", "find-unused", "--device", "cuda"],
+        timeout=120,
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    )
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.describe()
+    assert "--device cuda" in lines[0] and "no GPU" in lines[0], lines
+
+
+@pytest.mark.gpus(1)
+def test_on_a_gpu_it_times_one_nccl_rank():
+    """--device cuda: one nccl rank on the first GPU, named in the header; the forward is
+    timed until its kernels are queued and the step until the GPU is done, so each
+    setting's step is longer than its forward, as on the CPU."""
+    result = run("--device", "cuda", "--steps", "6", "--warmup", "2", "--batch-size", "8")
+    assert result.returncode == 0, result.describe()
+    out = result.output
+    assert f"one nccl rank on {torch.cuda.get_device_name(0)}" in out, out
+    assert "step: until the GPU is done" in out, out
+    for flag in ("False", "True"):
+        row = re.search(rf"find_unused_parameters={flag} +(\d+) us +(\d+) us", out)
+        assert row and 0 < int(row[1]) < int(row[2]), (flag, out)

@@ -1,15 +1,15 @@
 """The outputs the pages show are what the reference prints today.
 
-Each record in docs/results/outputs/ (made by `python -m course record`) is
-run again on the CPU, and its output compared line by line with the record,
-timings and throughput masked (course/tools/record.py, VOLATILE). On the processor
-that made the record, losses may differ in the last printed digit (relative 1e-3) and
-accuracies by one test image (0.3 percentage points of 359). Another processor picks
-other CPU kernels whatever the pins (record.PINNED_ENV): between the two processors
-the course has been recorded on, with the same PyTorch, losses differed by up to 0.0054
-(13 % of a late-epoch 0.04) and accuracies by up to 0.83 points over ten epochs; there
-the band is about 2.5 times that (ACROSS). Either way a changed line, step count, byte
-count or model fails. Re-record with `python -m course record`.
+Each record in docs/results/outputs/ (made by `python -m course record`) is run again on
+the CPU (a recording on GPUs, only where as many are visible), and its output compared
+line by line with the record, timings and throughput masked (course/tools/record.py,
+VOLATILE). On the processor that made the record, losses may differ in the last printed
+digit (relative 1e-3) and accuracies by one test image (0.3 percentage points of 359).
+Another processor picks other CPU kernels whatever the pins (record.PINNED_ENV): between
+the two processors the course has been recorded on, with the same PyTorch, losses
+differed by up to 0.0054 (13 % of a late-epoch 0.04) and accuracies by up to 0.83 points
+over ten epochs; there the band is about 2.5 times that (ACROSS). Either way a changed
+line, step count, byte count or model fails. Re-record with `python -m course record`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def fresh(tmp_path_factory):
     for its own, so that pytest-timeout's limit covers one recording, not all of them
     (together they took 153 s of the 180 allowed in a CI run, before lesson 11's). The
     others are skipped by the test: not run for nothing."""
-    current = [rec for rec in record.RECORDINGS if recorded_here(rec.name)]
+    gpus = record.visible_gpus()
+    current = [r for r in record.RECORDINGS if recorded_here(r.name) and r.gpus <= gpus]
     if spy.unavailable():  # their tests skip, saying why
         current = [rec for rec in current if not rec.spy]
     # A few at a time, those that mostly wait (a hang, a rendezvous: lesson 09) first:
@@ -84,6 +85,8 @@ def test_the_record_matches_what_the_reference_prints(fresh, name):
             f"{torch.__version__}: other versions print other figures"
         )
     recording = record.get(name)
+    if recording.gpus > (gpus := record.visible_gpus()):
+        pytest.skip(f"{name} runs on {recording.gpus} GPU(s), this machine has {gpus}")
     if recording.spy and (why := spy.unavailable()):
         pytest.skip(f"{name} runs under python -m course spy: {why}")
     result = fresh[name].result()
@@ -133,3 +136,24 @@ def test_another_processor_gets_the_measured_band_and_no_more():
     assert not numbers_agree(line, line.replace("0.4347", "0.4547"), same_processor=False)
     assert not numbers_agree(line, line.replace("87.19%", "84.96%"), same_processor=False)
     assert not numbers_agree(line, line.replace("epoch 2/3", "epoch 2/4"), same_processor=False)
+
+
+def test_a_recording_on_gpus_needs_them():
+    """`course record 09_find_unused_gpu` with no GPU visible (CUDA_VISIBLE_DEVICES=""):
+    refused in one line that names what it needs, and no record is written."""
+    import sys
+
+    from course import procs
+
+    path = record.FOLDER / "09_find_unused_gpu.json"
+    before = path.read_bytes() if path.exists() else None
+    result = procs.run(
+        args=[sys.executable, "-m", "course", "record", "09_find_unused_gpu"],
+        timeout=120,
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    )
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.describe()
+    assert "09_find_unused_gpu needs 1 GPU(s), this machine has 0" in lines[0], lines
+    assert (path.read_bytes() if path.exists() else None) == before
+    assert record.get("09_find_unused_gpu").gpus == 1 and record.get("01_cpu").gpus == 0

@@ -8,7 +8,8 @@
 A figure is a JSON record under docs/results/ (or an experiment's text output there), made
 by one of the course's own commands, which the record names in its provenance:
 
-- outputs/NAME.json: a reference solution's output, `python -m course record NAME` (CPU);
+- outputs/NAME.json: a reference solution's output, `python -m course record NAME` (CPU,
+  or as many GPUs as its provenance's `gpu_count`);
 - `course bench`, `course bandwidth` and `course timeline` records: the command in the
   record's provenance, with --out pointed at the record; they need as many GPUs as the
   record was measured on (provenance `gpu_count`);
@@ -115,7 +116,8 @@ def _figure(path: Path, root: Path) -> Figure:
     prov = doc.get("provenance") or {}
     if verb == "record":
         command = ("python", "-m", "course", "record", doc["name"])
-        gpus, machine = 0, prov.get("processor") or prov.get("machine", "")
+        gpus = int(prov.get("gpu_count") or 0)  # a recording on GPUs names them
+        machine = prov.get("device") or prov.get("processor") or prov.get("machine", "")
     else:
         command = _with_out(prov.get("command", ""), record)
         gpus = int(prov.get("gpu_count") or 0)

@@ -2,6 +2,7 @@
 
     python -m course find-unused                         # lesson 09's model, 400 steps each way
     python -m course find-unused --steps 1000 --batch-size 64
+    python -m course find-unused --device cuda          # one nccl rank on the first GPU
 
 With find_unused_parameters=True, DDP walks the autograd graph from the outputs after
 every forward, to find the parameters that will get no gradient in backward. Lesson 09
@@ -14,6 +15,8 @@ runs) and the whole step (forward and backward) of each are timed; the first --w
 steps are not counted. It prints the medians, the paired difference (each step with the
 flag minus the one beside it without: median and quartiles), and the number of autograd
 nodes the walk visits. Timings are CPU times of one thread, and change from run to run.
+On a GPU (--device cuda, one nccl rank) the walk is still the CPU's work: the forward is
+timed until its kernels are queued (what the CPU spends), the step until the GPU is done.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ def parser() -> argparse.ArgumentParser:
         "--warmup", type=non_negative_int, default=20, help="steps each way not timed (default 20)"
     )
     p.add_argument("--batch-size", type=positive_int, default=32, help="digits a step (default 32)")
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu",
+        help="cpu: one gloo rank; cuda: one nccl rank on the first GPU (default cpu)",
+    )  # fmt: skip
     return p
 
 
@@ -60,7 +67,7 @@ def graph_nodes(output) -> int:
     return len(seen)
 
 
-def measure(steps: int, warmup: int, batch_size: int) -> dict:
+def measure(steps: int, warmup: int, batch_size: int, device: str = "cpu") -> dict:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -69,27 +76,34 @@ def measure(steps: int, warmup: int, batch_size: int) -> dict:
     from course import data, models
 
     torch.set_num_threads(1)
+    gpu = device == "cuda"
+    if gpu:
+        torch.cuda.set_device(0)
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
     train_set, *_ = data.digits()
     images, labels = train_set.tensors
-    x, y = images[:batch_size], labels[:batch_size]
+    x, y = images[:batch_size].to(device), labels[:batch_size].to(device)
     times = {flag: {"forward": [], "step": []} for flag in (False, True)}
     with tempfile.TemporaryDirectory(prefix="course-find-unused-") as folder:
         store = f"file://{Path(folder) / 'store'}"
-        dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+        backend = "nccl" if gpu else "gloo"
+        dist.init_process_group(backend, init_method=store, rank=0, world_size=1)
         try:
             nets = {}
             for flag in (False, True):
                 torch.manual_seed(0)
-                model = models.SmallCNN(10, 1, norm="none")
+                model = models.SmallCNN(10, 1, norm="none").to(device)
                 nets[flag] = DDP(model, find_unused_parameters=flag)
             nodes = graph_nodes(nets[False].module(x))  # the bare module: DDP adds no node
             for step in range(warmup + steps):
                 order = (False, True) if step % 2 else (True, False)  # who goes first alternates
                 for flag in order:
+                    sync()  # the other model's step is over
                     start = time.perf_counter()
                     out = nets[flag](x)
-                    forward = time.perf_counter()
+                    forward = time.perf_counter()  # on a GPU: its kernels are queued
                     F.cross_entropy(out, y).backward()
+                    sync()
                     end = time.perf_counter()
                     nets[flag].zero_grad(set_to_none=True)
                     if step >= warmup:
@@ -97,7 +111,8 @@ def measure(steps: int, warmup: int, batch_size: int) -> dict:
                         times[flag]["step"].append(end - start)
         finally:
             dist.destroy_process_group()
-    return {"nodes": nodes, "times": times}
+    where = torch.cuda.get_device_name(0) if gpu else "CPU"
+    return {"nodes": nodes, "times": times, "device": device, "where": where}
 
 
 def report(found: dict, steps: int, warmup: int, batch_size: int) -> str:
@@ -111,9 +126,15 @@ def report(found: dict, steps: int, warmup: int, batch_size: int) -> str:
         cells[part] = (statistics.median(off), statistics.median(on))
         diffs[part] = (statistics.median(paired), quartiles[0], quartiles[2])
     share = diffs["step"][0] / cells["step"][0]
+    rank = "one gloo rank" if found["device"] == "cpu" else f"one nccl rank on {found['where']}"
     lines = [
-        f"lesson 09's fixed model, {batch_size} digits a step, one gloo rank, one thread",
+        f"lesson 09's fixed model, {batch_size} digits a step, {rank}, one thread",
         f"{steps} steps each way, in turns, after {warmup} of warm-up",
+        *(
+            ["forward: until its kernels are queued; step: until the GPU is done"]
+            if found["device"] == "cuda"
+            else []
+        ),
         f"the graph DDP walks after each forward: {found['nodes']} autograd nodes",
         f"{'':28}{'forward':>10}{'step':>10}",
     ]
@@ -130,7 +151,12 @@ def report(found: dict, steps: int, warmup: int, batch_size: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    found = measure(args.steps, args.warmup, args.batch_size)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser().error("--device cuda: no GPU is visible (torch.cuda.is_available() is False)")
+    found = measure(args.steps, args.warmup, args.batch_size, args.device)
     print(report(found, args.steps, args.warmup, args.batch_size))
     return 0
 

@@ -1,8 +1,9 @@
 """Recorded outputs for the site: `python -m course record [NAME ...]`.
 
 A page never shows an output block typed by hand. It shows a record: the
-reference solution run on the CPU by this command, its exact output, and
-where and when it ran. tests/test_recorded_outputs.py runs the same commands
+reference solution run on the CPU by this command (on GPUs, for the few
+recordings that name them: only where they are visible), its exact output,
+and where and when it ran. tests/test_recorded_outputs.py runs the same commands
 again and fails when what they print today differs from the record (timings
 and throughput aside, which differ from run to run), so a page cannot drift
 from the code. Re-record with `python -m course record` after a change.
@@ -13,7 +14,6 @@ Records live in docs/results/outputs/NAME.json; a page includes one with
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import platform
@@ -81,6 +81,8 @@ FACTS = {
     "find_unused_forward": re.compile(r"True - False \(paired\) +(-?\d+ us)"),
     "find_unused_step": re.compile(r"True - False \(paired\) +-?\d+ us +(-?\d+ us)"),
     "find_unused_share": re.compile(r"find_unused_parameters=True: ([+-][\d.]+ %) a step"),
+    # lesson 09's oom.py on a GPU: what the CUDA allocator held at most in step 1
+    "cuda_peak": re.compile(r"step 1: .*allocated at most ([\d.]+ MiB)"),
 }
 
 
@@ -154,12 +156,13 @@ def processor() -> str:
     return f"{fields.get('model name', platform.machine())} ({' '.join(extensions) or 'no AVX2'})"
 
 
-def provenance() -> dict:
+def provenance(gpus: int = 0) -> dict:
+    """Where the record was made; for a recording on GPUs, which ones too."""
     import torch
 
     import course
 
-    return {
+    info = {
         "course": course.__version__,
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -169,6 +172,18 @@ def provenance() -> dict:
         "date": datetime.date.today().isoformat(),
         "command": "python -m course record",
     }
+    if gpus:
+        info["device"] = torch.cuda.get_device_name(0)
+        info["gpu_count"] = gpus
+        info["cuda"] = torch.version.cuda or ""
+        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return info
+
+
+def visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def record(recording: Recording, cwd: Path) -> dict:
@@ -185,7 +200,7 @@ def record(recording: Recording, cwd: Path) -> dict:
         "shown": recording.shown(),
         "output": output,
         "facts": facts(output),
-        "provenance": provenance(),
+        "provenance": provenance(recording.gpus),
     }
 
 
@@ -199,12 +214,21 @@ def load(name: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
-    parser = argparse.ArgumentParser(prog="python -m course record", description=__doc__)
+    from course.options import ArgumentParser  # errors in one line
+
+    parser = ArgumentParser(prog="python -m course record", description=__doc__)
     parser.add_argument("names", nargs="*", help="which recordings (default: all)")
     args = parser.parse_args(argv)
     chosen = [get(n) for n in args.names] or list(RECORDINGS)
+    gpus = visible_gpus() if any(r.gpus for r in chosen) else 0
+    for recording in [r for r in chosen if r.gpus > gpus]:
+        # named: an error; among all of them: left for a machine that has the GPUs
+        message = f"{recording.name} needs {recording.gpus} GPU(s), this machine has {gpus}"
+        if args.names:
+            parser.error(message)
+        print(f"skipped {message}")
     FOLDER.mkdir(parents=True, exist_ok=True)
-    for recording in chosen:
+    for recording in [r for r in chosen if r.gpus <= gpus]:
         with tempfile.TemporaryDirectory() as tmp:
             doc = record(recording, Path(tmp))
         path = FOLDER / f"{recording.name}.json"

@@ -36,6 +36,9 @@ class Recording:
     # The same script run first with these arguments, in the same folder, its output not
     # kept: what the recorded command starts from (a checkpoint to resume, say).
     before: tuple[str, ...] = ()
+    # GPUs it runs on (0: the CPU). `course record` makes it only where that many are
+    # visible, and the suite checks it only there.
+    gpus: int = 0
 
     @property
     def stacks(self) -> bool:
@@ -148,6 +151,21 @@ RECORDINGS = (
         "lesson 09's oom.py, fixed: 128 images per forward and backward",
     ),
     Recording(
+        "09_oom_big_gpu",
+        "09_debugging/oom.py",
+        ("--budget-mb", "64", "--steps", "2", "--device", "cuda"),
+        "lesson 09's broken oom.py on a GPU, with a budget the whole batch fits in",
+        starter=True,
+        gpus=1,
+    ),
+    Recording(
+        "09_oom_fixed_gpu",
+        "09_debugging/oom.py",
+        ("--steps", "2", "--device", "cuda"),
+        "lesson 09's oom.py, fixed, on a GPU: 128 images per forward and backward",
+        gpus=1,
+    ),
+    Recording(
         "09_unused",
         "09_debugging/unused.py",
         (),
@@ -163,6 +181,14 @@ RECORDINGS = (
         (),
         "lesson 09, what DDP's find_unused_parameters=True costs a step of the fixed model",
         verb="find-unused",
+    ),
+    Recording(
+        "09_find_unused_gpu",
+        "",
+        ("--device", "cuda"),
+        "lesson 09, what find_unused_parameters=True costs a step of the fixed model on a GPU",
+        verb="find-unused",
+        gpus=1,
     ),
     Recording(
         "09_hang_spy",

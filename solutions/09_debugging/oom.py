@@ -6,7 +6,9 @@ Run it:
     python -m course grade 09 -k oom                   # grade your fix
 
 The budget counts what autograd saves for backward (course/memory.py), on any
-device: on a GPU the same activations are what runs out first.
+device: on a GPU the same activations are what runs out first. On a GPU each step
+also prints torch.cuda.max_memory_allocated: all that the allocator held at once
+(weights, gradients, momentum and the activations).
 """
 
 import sys
@@ -78,6 +80,8 @@ def main(argv=None):
     print(f"global batch {args.batch_size}, micro-batch {args.micro_batch}, "
           f"activation budget {args.budget_mb:g} MiB")  # fmt: skip
     for step in range(1, args.steps + 1):
+        if device.type == "cuda":  # the allocator's peak of this step alone
+            torch.cuda.reset_peak_memory_stats(device)
         with memory.SavedTensors(model, budget=budget) as meter:
             try:
                 loss = train_step(model, optimizer, images, labels, args.micro_batch)
@@ -85,7 +89,11 @@ def main(argv=None):
                 print(f"oom.py: error at step {step}: {err}", file=sys.stderr)
                 return 1
         peak = meter.peak / memory.MIB
-        print(f"step {step}: loss {loss:.4f}, activations at most {peak:.1f} MiB")
+        held = ""
+        if device.type == "cuda":
+            allocated = torch.cuda.max_memory_allocated(device) / memory.MIB
+            held = f", allocated at most {allocated:.1f} MiB"
+        print(f"step {step}: loss {loss:.4f}, activations at most {peak:.1f} MiB{held}")
     return 0
 
 

@@ -111,6 +111,11 @@ def render_output(name: str) -> str:
         f"*Recorded by `{prov['command']} {name}` on {prov['date']}: PyTorch {prov['torch']}, "
         f"Python {prov['python']}, {prov['machine']}"
         + (f", {prov['processor']}" if prov.get("processor") else "")
+        + (
+            f", {prov['device']} (CUDA {prov['cuda']}, NCCL {prov['nccl']})"
+            if prov.get("device")
+            else ""
+        )
         + ". Timings vary from run to run; the other figures are checked against the "
         "reference by the test suite (another processor can print slightly other ones).*"
     )
