@@ -117,7 +117,12 @@ def render_output(name: str) -> str:
             else ""
         )
         + ". Timings vary from run to run; the other figures are checked against the "
-        "reference by the test suite (another processor can print slightly other ones).*"
+        + (
+            "reference by the test suite on a GPU machine with this PyTorch."
+            if prov.get("device")
+            else "reference by the test suite (another processor can print slightly other ones)."
+        )
+        + "*"
     )
     return f"{body}\n\n{note}"
 
