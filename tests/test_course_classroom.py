@@ -76,7 +76,10 @@ def test_lesson_00s_command_grades_a_students_repository(workflow, tmp_path):
             ["bash", "-c", f"{command} --grade-json {grade_json}"],
             timeout=240,
             cwd=repo,
-            env={"PATH": path},
+            # The workflow installs PyTorch's CPU build: no GPU is visible there, whatever
+            # the runner has. Hide this machine's, or its GPU tests add points (on an H200
+            # machine lesson 00 scored 26 of the step's 25).
+            env={"PATH": path, "CUDA_VISIBLE_DEVICES": ""},
             course_root=repo,  # its own course first on PYTHONPATH, not this one
         )
         assert not run.timed_out, run.describe()
