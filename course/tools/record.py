@@ -130,6 +130,8 @@ def run(recording: Recording, cwd: Path) -> procs.RunResult:
     progress bars."""
     launch = procs.run_torchrun if recording.torchrun else procs.run
     env = {**PINNED_ENV, **dict(recording.env)}
+    if not recording.gpus:  # a CPU recording stays one where GPUs are visible (device auto)
+        env["CUDA_VISIBLE_DEVICES"] = ""
     if recording.stacks:
         env[warmstart.SWITCH_ENV] = "0"
     if recording.before:  # what the recorded command starts from, in the same folder
