@@ -98,10 +98,11 @@ def cpu_share(ranks_on_this_machine: int) -> int:
 def backend_and_world_size(backend: str | None, nproc: int | None, sync_bn: bool = False):
     """(backend, ranks) for an mp.spawn lesson: nccl with one rank per GPU where CUDA
     works, else gloo with 2 CPU processes; ValueError for what cannot run here."""
-    import torch
     import torch.distributed as dist
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    from course.runtime import visible_gpus
+
+    gpus = visible_gpus()
     backend = backend or ("nccl" if gpus and dist.is_nccl_available() else "gloo")
     world_size = nproc or (gpus if backend == "nccl" else 2)
     if backend == "nccl" and gpus == 0:  # else 0 ranks: a run that does nothing, silently

@@ -22,10 +22,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
+def visible_gpus() -> int:
+    """The CUDA GPUs this process sees (0 where CUDA does not work, or CUDA_VISIBLE_DEVICES
+    hides them)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def pick_device(spec: str = "auto") -> torch.device:
     """auto | cpu | cuda | cuda:N -> a torch.device, or ValueError saying why not."""
     spec = spec.strip().lower()
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = visible_gpus()
     if spec == "auto":
         return torch.device("cuda", 0) if gpus else torch.device("cpu")
     if spec == "cpu":

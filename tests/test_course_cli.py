@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from course import REPO_ROOT, lessons, procs
+from course.runtime import visible_gpus
 from course.tools import cli
-from course.tools.record import visible_gpus
 
 
 def course(*args, timeout=120):

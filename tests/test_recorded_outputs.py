@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from course.runtime import visible_gpus
 from course.tools import record, spy
 
 NUMBER = re.compile(r"\d[\d,]*\.?\d*%?")
@@ -59,7 +60,7 @@ def fresh(tmp_path_factory):
     for its own, so that pytest-timeout's limit covers one recording, not all of them
     (together they took 153 s of the 180 allowed in a CI run, before lesson 11's). The
     others are skipped by the test: not run for nothing."""
-    gpus = record.visible_gpus()
+    gpus = visible_gpus()
     current = [r for r in record.RECORDINGS if recorded_here(r.name) and r.gpus <= gpus]
     if spy.unavailable():  # their tests skip, saying why
         current = [rec for rec in current if not rec.spy]
@@ -85,7 +86,7 @@ def test_the_record_matches_what_the_reference_prints(fresh, name):
             f"{torch.__version__}: other versions print other figures"
         )
     recording = record.get(name)
-    if recording.gpus > (gpus := record.visible_gpus()):
+    if recording.gpus > (gpus := visible_gpus()):
         pytest.skip(f"{name} runs on {recording.gpus} GPU(s), this machine has {gpus}")
     if recording.spy and (why := spy.unavailable()):
         pytest.skip(f"{name} runs under python -m course spy: {why}")

@@ -160,10 +160,10 @@ def recipe(record: str | Path, root: Path = REPO_ROOT) -> Figure:
 
 def visible_gpus() -> int:
     try:
-        import torch
-    except ImportError:
+        from course.runtime import visible_gpus as visible  # torch, loaded here only
+    except ImportError:  # no torch
         return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return visible()
 
 
 def _table(figures: list[Figure]) -> str:

@@ -182,12 +182,6 @@ def provenance(gpus: int = 0) -> dict:
     return info
 
 
-def visible_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def record(recording: Recording, cwd: Path) -> dict:
     result = run(recording, cwd)
     if result.timed_out or result.returncode != recording.exit_code:
@@ -216,13 +210,14 @@ def load(name: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
+    from course import runtime  # torch: not for the site's hook, which reads records
     from course.options import ArgumentParser  # errors in one line
 
     parser = ArgumentParser(prog="python -m course record", description=__doc__)
     parser.add_argument("names", nargs="*", help="which recordings (default: all)")
     args = parser.parse_args(argv)
     chosen = [get(n) for n in args.names] or list(RECORDINGS)
-    gpus = visible_gpus() if any(r.gpus for r in chosen) else 0
+    gpus = runtime.visible_gpus() if any(r.gpus for r in chosen) else 0
     for recording in [r for r in chosen if r.gpus > gpus]:
         # named: an error; among all of them: left for a machine that has the GPUs
         message = f"{recording.name} needs {recording.gpus} GPU(s), this machine has {gpus}"

@@ -110,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         render.plot(docs, out)
         print(f"wrote {out}")
         return 0
-    import torch  # here: --plot needs no torch
+    from course.runtime import visible_gpus  # here: --plot needs no torch
 
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    visible = visible_gpus()
     for number in args.lessons:
         lessons.get(number)  # an unknown lesson: one-line error
     if args.gpus and args.gpus > visible and visible:
