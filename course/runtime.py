@@ -22,12 +22,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def visible_gpus() -> int:
-    """The CUDA GPUs this process sees (0 where CUDA does not work, or CUDA_VISIBLE_DEVICES
-    hides them)."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def pick_device(spec: str = "auto") -> torch.device:
     """auto | cpu | cuda | cuda:N -> a torch.device, or ValueError saying why not."""
     spec = spec.strip().lower()
@@ -88,3 +82,9 @@ def exit_with_one_line(main, argv=None, prog: str | None = None) -> int:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     return code if isinstance(code, int) else 0
+
+
+def visible_gpus() -> int:
+    """The CUDA GPUs this process sees (0 where CUDA does not work, or CUDA_VISIBLE_DEVICES
+    hides them)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
