@@ -308,8 +308,34 @@ def test_hang_diagnosis_names_the_rank_and_the_collective(calls):
 HANG_TIMEOUT = 5 * procs.timeout_scale()
 
 
+HANG_FLAGS = ["--nproc", "5", "--timeout", f"{HANG_TIMEOUT:g}"]
+HANG_DIAGNOSE = ["--diagnose", "--timeout", f"{HANG_TIMEOUT:g}"]
+_hang_scripts: dict = {}
+
+
+@pytest.fixture
+def hang_scripts(impl, tmp_path_factory):
+    """{"flags": hang.py HANG_FLAGS, "diagnose": hang.py HANG_DIAGNOSE with rank 2's first
+    all_reduce swapped for a broadcast}: both launched at once (a starter that hangs waits
+    out its timeout in one while the other starts)."""
+
+    def launch():
+        script = LESSON.path(impl).with_name("hang.py")
+        jobs = {}
+        for name, args, env in (
+            ("flags", HANG_FLAGS, {}),
+            ("diagnose", HANG_DIAGNOSE, {"COURSE_SWAP_ALL_REDUCE": "2"}),
+        ):
+            folder = tmp_path_factory.mktemp(f"hang-{name}")
+            jobs[name] = dict(args=[sys.executable, str(script), *args], timeout=60, env=env,
+                              cwd=folder)  # fmt: skip
+        return procs.run_all(jobs)
+
+    return shared(_hang_scripts, str(impl), launch)
+
+
 @pytest.mark.points(1)
-def test_hang_script_runs_with_its_flags(impl, tmp_path):
+def test_hang_script_runs_with_its_flags(hang_scripts):
     """`hang.py --nproc 5 --timeout 5` ends, each of its 5 ranks after the same number of
     steps: 8, the shortest of 5 shards' (1438 images: 4 shards of 288 and one of 286,
     batches of 32), or 9 with padded shards. (With 5 ranks the shards differ in steps, as
@@ -317,18 +343,37 @@ def test_hang_script_runs_with_its_flags(impl, tmp_path):
     images = len(data.digits()[0])
     per = -(-images // 5)  # as hang.py cuts the shards: ceil(N / world), the last shorter
     want = {(images - 4 * per) // 32, per // 32}  # the shortest shard's, or padded shards'
-    args = ["--nproc", "5", "--timeout", f"{HANG_TIMEOUT:g}"]
-    result = procs.python(LESSON.path(impl).with_name("hang.py"), *args, timeout=60, cwd=tmp_path)
+    result = hang_scripts["flags"]
     if not result.ok:
-        pytest.fail(f"hang.py {' '.join(args)}: {result.failure()}", pytrace=False)
+        pytest.fail(f"hang.py {' '.join(HANG_FLAGS)}: {result.failure()}", pytrace=False)
     steps = {int(r): int(n) for r, n in re.findall(r"rank (\d+): (\d+) steps", result.output)}
     assert (
         sorted(steps) == [0, 1, 2, 3, 4]
         and len(set(steps.values())) == 1
         and set(steps.values()) <= want
     ), (
-        f"hang.py {' '.join(args)}: steps by rank {steps}; expected ranks 0-4, each after "
-        f"{' or '.join(map(str, sorted(want)))} steps. The output was:\n{result.output[-1500:]}"
+        f"hang.py {' '.join(HANG_FLAGS)}: steps by rank {steps}; expected ranks 0-4, each "
+        f"after {' or '.join(map(str, sorted(want)))} steps. The output was:\n"
+        f"{result.output[-1500:]}"
+    )
+
+
+@pytest.mark.points(1)
+def test_hang_script_diagnose_flag_names_a_planted_mismatch(hang_scripts):
+    """`hang.py --diagnose --timeout 5`, with rank 2's first all_reduce swapped for a
+    broadcast by the grader (course/probes/chaos.py, COURSE_SWAP_ALL_REDUCE=2): the flag
+    turns on DETAIL's checks, which name the mismatch at once, collects each rank's error,
+    and the script prints your diagnose()'s answer, "rank 2 ... all_reduce", and exits 1."""
+    result = hang_scripts["diagnose"]
+    if result.timed_out:
+        pytest.fail(f"hang.py {' '.join(HANG_DIAGNOSE)}: {result.failure()}", pytrace=False)
+    said = r"diagnosis: rank (\d+) is out of step; the others wait in (\w+)"
+    line = re.search(said, result.output)
+    assert result.returncode == 1 and line and line.groups() == ("2", "all_reduce"), (
+        f"hang.py {' '.join(HANG_DIAGNOSE)}, rank 2 planted to broadcast where the others "
+        "all-reduce: expected 'diagnosis: rank 2 is out of step; the others wait in "
+        f"all_reduce' and exit code 1; got exit code {result.returncode} and\n"
+        f"{result.output[-1500:]}"
     )
 
 

@@ -19,7 +19,8 @@ imports it (`after_torch_import`):
     COURSE_READY_LOG    when the process finished importing torch (and torch._dynamo):
                         a time.time() written to the file (course.procs.run's `ready`: a
                         deadline that does not count a slow start)
-    COURSE_KILL_*       faults injected on purpose (course/probes/chaos.py)
+    COURSE_KILL_*       faults injected on purpose (course/probes/chaos.py), and
+    COURSE_SWAP_ALL_REDUCE  a rank's first all_reduce swapped for a broadcast (the same)
 
 The lessons never call any of this: a student's own way of writing the same
 behaviour is observed the same way.
@@ -40,6 +41,7 @@ ENVIRONMENT = (
     "COURSE_READY_LOG",
     "COURSE_KILL_AT_STEP",
     "COURSE_KILL_IN_SAVE",
+    "COURSE_SWAP_ALL_REDUCE",
 )
 
 

@@ -13,6 +13,9 @@ starts (it is on their PYTHONPATH).
     COURSE_KILL_IN_SAVE=snapshot.pt:2           the process SIGKILLs itself the
                                                 2nd time it puts a file named
                                                 snapshot.pt in place (see below)
+    COURSE_SWAP_ALL_REDUCE=1                    rank 1's first torch.distributed.
+                                                all_reduce runs a broadcast instead:
+                                                ranks out of step (lesson 09's hang)
 
 "Putting a file in place" is what a crash interrupts: for a careful writer,
 the rename of a finished temporary file onto snapshot.pt (the process dies
@@ -42,6 +45,7 @@ import time
 KILL_RANK = "COURSE_KILL_RANK"
 KILL_AT_STEP = "COURSE_KILL_AT_STEP"
 KILL_IN_SAVE = "COURSE_KILL_IN_SAVE"
+SWAP_ALL_REDUCE = "COURSE_SWAP_ALL_REDUCE"
 
 
 def first_attempt() -> bool:
@@ -116,6 +120,28 @@ def kill_in_save(name: str, nth: int) -> None:
     torch.save = save_or_die
 
 
+def swap_first_all_reduce(rank: int) -> None:
+    """On `rank`, the first torch.distributed.all_reduce runs a broadcast instead: one rank
+    calls another collective than its peers, planted in any code that all-reduces through
+    the module's function (lesson 09's `hang.py --diagnose` is graded on it)."""
+    import torch.distributed as dist
+
+    from course.probes.write_log import current_rank
+
+    all_reduce, swapped = dist.all_reduce, False
+
+    def all_reduce_or_broadcast(tensor, *args, **kwargs):
+        nonlocal swapped
+        if swapped or current_rank() != rank:
+            return all_reduce(tensor, *args, **kwargs)
+        swapped = True
+        sys.stderr.write(f"chaos: rank {rank} broadcasts where its peers all-reduce\n")
+        sys.stderr.flush()
+        return dist.broadcast(tensor, src=0 if rank else 1, group=kwargs.get("group"))
+
+    dist.all_reduce = all_reduce_or_broadcast
+
+
 def note_first_step() -> None:
     """On rank 0, print the wall-clock time of this process's first optimizer step:
     after a restart, minus the kill's time, it is the restart overhead."""
@@ -148,3 +174,5 @@ def install() -> None:
     if os.environ.get(KILL_IN_SAVE):
         target, _, nth = os.environ[KILL_IN_SAVE].rpartition(":")
         kill_in_save(target, int(nth))
+    if os.environ.get(SWAP_ALL_REDUCE):
+        swap_first_all_reduce(int(os.environ[SWAP_ALL_REDUCE]))

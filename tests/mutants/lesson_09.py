@@ -260,6 +260,14 @@ MUTANTS = [
         caught_by="hang_script",
     ),
     dict(
+        name="hang_diagnose_flag_ignored",
+        file=HANG,
+        why="--diagnose read but DETAIL never turned on: no fingerprints to diagnose from",
+        old='        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"\n',
+        new="        pass\n",
+        caught_by="diagnose_flag",
+    ),
+    dict(
         name="rendezvous_give_up_ignored",
         file=RDZV,
         why="--give-up read but not used: the safety net fires after a fixed 60 s",
