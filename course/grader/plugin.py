@@ -39,7 +39,7 @@ import pytest
 import course
 from course import atomic, procs
 from course import lessons as registry
-from course.grader import calls, rules, submission
+from course.grader import calls, draws, rules, submission
 from course.grader.rules import LESSON_PROPERTY, MARKERS_PROPERTY, POINTS_PROPERTY, lesson_of
 
 NOT_FINISHED = "did not finish: the test process crashed or was stopped"
@@ -62,6 +62,9 @@ def pytest_configure(config):
     except FileNotFoundError as err:
         raise pytest.UsageError(str(err)) from None
     procs.become_subreaper()  # orphans of the children come back to us, to be killed
+    # Set here, in the controller, before xdist starts its workers: they and every child
+    # draw the same configurations (course/grader/draws.py).
+    config.course_seed = draws.choose_seed()
     if hasattr(config, "workerinput"):
         return  # an xdist worker: the controller keeps the grade
     config.pluginmanager.register(GradeBook(config), "course-gradebook")
@@ -491,6 +494,7 @@ class GradeBook:
             "execution_time": round(time.time() - self.started, 2),
             "impl": str(self.impl),
             "course_version": course.__version__,
+            "grading_seed": draws.grade_seed(),
             "tests": tests,
         }
         atomic.write_json(results, self.path)  # a crash mid-write leaves the last version
@@ -523,6 +527,8 @@ class GradeBook:
         earned = sum(r["earned"] for r in rows.values())
         possible = sum(r["possible"] for r in rows.values())
         tr.write_line(f"{'total':<36}{_fmt(earned) + '/' + _fmt(possible):>12}")
+        seed = draws.grade_seed()
+        tr.write_line(f"grading seed {seed}: {draws.SEED_ENV}={seed} replays these configurations")
         if self.path:
             tr.write_line(f"results written to {self.path}")
 

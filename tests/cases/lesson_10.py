@@ -11,10 +11,18 @@ counts the bytes of every tensor its optimizer holds, parameters and gradients l
 calls state_dict() (a collective); loads it into a second ShardedOptimizer over a copy of
 the model; and takes one more step with both. The test compares all of it with torch's
 AdamW in one process.
+
+The grading kit (course/grader/) watches how the work is done: the library's
+ZeroRedundancyOptimizer (and FSDP) behind a tripwire; the bytes the first step() held at
+its high-water mark (Meter), beside torch's AdamW stepping a copy of the whole model in the
+same rank; and every collective of the steps (CommRecorder). The state_dict()'s tensors are
+read as soon as it returns: a state_dict() that hands out the live state tensors, as torch's
+own optimizers do, is as right as one that copies them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import sys
@@ -27,6 +35,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lesson_10_models as m  # noqa: E402
 
 from course.grader.calls import Cases, Tensors  # noqa: E402
+from course.grader.comm import CommRecorder  # noqa: E402
+from course.grader.meter import Meter  # noqa: E402
+from course.grader.tripwires import Tripwires, naming_shortcuts  # noqa: E402
+
+# What would do ZeRO for the student: PyTorch's own stage 1, or FSDP.
+LIBRARY = ("ZeroRedundancyOptimizer", "FullyShardedDataParallel", "fully_shard")
 
 cases = Cases()
 
@@ -60,34 +74,62 @@ def held_bytes(optimizer, model, module: str) -> int:
     return sum(storages.values())
 
 
-def _step(model, optimizer, step, rank, world) -> None:
+def _gradients(model, step, rank, world) -> None:
     inputs, targets = m.batch(step)
     half = m.BATCH // world
-    optimizer.zero_grad()
     m.loss(
         model, inputs[rank * half : (rank + 1) * half], targets[rank * half : (rank + 1) * half]
     ).backward()
     for p in model.parameters():  # the average over the ranks: what DDP would leave in .grad
         dist.all_reduce(p.grad)
         p.grad /= world
+
+
+def _step(model, optimizer, step, rank, world, meter=None, recorder=None) -> None:
+    optimizer.zero_grad()
+    _gradients(model, step, rank, world)
     m.set_lr(optimizer, step)
-    optimizer.step()
+    phase = recorder.during(f"step {step}") if recorder else contextlib.nullcontext()
+    with meter or contextlib.nullcontext(), phase:
+        optimizer.step()
+
+
+def reference_peak(model, step, rank, world) -> tuple[int, int]:
+    """(high-water bytes of torch's AdamW's first step over a copy of the whole model, the
+    bytes of the state it then holds), measured in this rank as the submission's is."""
+    whole = copy.deepcopy(model)
+    adamw = torch.optim.AdamW(m.groups(whole), lr=m.LR)
+    _gradients(whole, step, rank, world)
+    with Meter() as meter:
+        adamw.step()
+    state = sum(t.untyped_storage().nbytes() for s in adamw.state.values()
+                for t in s.values() if torch.is_tensor(t))  # fmt: skip
+    return meter.peak, state
 
 
 def _rank(rank, world, port, out, lesson_file):
     from course import ranks
     from course.grader import submission
 
+    # Before the lesson: its imports bind these.
+    wires = Tripwires(*LIBRARY, log=Path(out, f"rank{rank}.tripwires")).install()
     lesson = submission.load(Path(lesson_file), requires=("ShardedOptimizer",))
     ranks.join_local(rank, world, "gloo", port)
     out = Path(out)
     try:
         model = m.build()
+        whole_peak, whole_state = reference_peak(model, 1, rank, world)
+        recorder, first = CommRecorder(), Meter()
         optimizer = lesson.ShardedOptimizer(m.groups(model), torch.optim.AdamW, lr=m.LR)
-        for step in range(1, m.STEPS + 1):
-            _step(model, optimizer, step, rank, world)
+        with recorder:
+            for step in range(1, m.STEPS + 1):
+                _step(model, optimizer, step, rank, world, first if step == 1 else None, recorder)
         held = held_bytes(optimizer, model, lesson.__name__)
         saved = optimizer.state_dict()
+        # Read now: the next step may move tensors a state_dict() shares with the optimizer.
+        state_now = {f"state/{index}/{key}": value.detach().cpu().clone()
+                     for index, entry in saved["state"].items()
+                     for key, value in entry.items() if torch.is_tensor(value)}  # fmt: skip
         # The same state, loaded into another ShardedOptimizer over a copy of the model.
         again = copy.deepcopy(model)
         reloaded = lesson.ShardedOptimizer(m.groups(again), torch.optim.AdamW, lr=m.LR)
@@ -98,12 +140,13 @@ def _rank(rank, world, port, out, lesson_file):
             after |= {f"{name}/{k}": v.detach().clone() for k, v in net.named_parameters()}
         tensors = {f"rank{rank}/{k}": v for k, v in after.items()}
         if rank == 0:
-            for index, state in saved["state"].items():
-                for key, value in state.items():
-                    if torch.is_tensor(value):
-                        tensors[f"state/{index}/{key}"] = value.detach().cpu().clone()
+            tensors |= state_now
         torch.save(tensors, out / f"rank{rank}.pt")
         found = {"held_bytes": held, "groups": saved["param_groups"]}
+        found |= {"step_peak": first.peak, "whole_peak": whole_peak, "whole_state": whole_state}
+        found |= {"library": wires.used, "collectives": [
+            {k: r[k] for k in ("op", "phase", "bytes", "received", "dtypes", "group", "peer")}
+            for r in recorder.records if r["phase"].startswith("step")]}  # fmt: skip
         found["state_keys"] = sorted(int(i) for i in saved["state"])
         (out / f"rank{rank}.json").write_text(json.dumps(found, default=str))
     finally:
@@ -114,7 +157,8 @@ def _rank(rank, world, port, out, lesson_file):
 def sharded_adamw(lesson):
     out = cases.out / "sharded"
     out.mkdir(parents=True, exist_ok=True)
-    cases.spawn(_rank, 2, str(out), str(cases.lesson_file), what="2 gloo ranks")
+    with naming_shortcuts(out, "ShardedOptimizer"):
+        cases.spawn(_rank, 2, str(out), str(cases.lesson_file), what="2 gloo ranks")
     tensors, found = {}, {}
     for rank in (0, 1):
         tensors |= torch.load(out / f"rank{rank}.pt", weights_only=True)

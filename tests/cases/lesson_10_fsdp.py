@@ -10,10 +10,12 @@ step, and, after the first backward, the shape and dtype of every gradient under
 and the bytes of every tensor reachable from the MiniFSDP object (its parameters and
 their gradients included).
 
-Every collective the submission calls goes through a counting wrapper installed before the
-submission is loaded: its name, the phase (forward, backward, finish), its dtype and size,
-and, for an async one, when it was waited for. A forward hook of the grader's on every
-leaf layer, run before the submission's own, marks where each layer's computation ended:
+Every collective the submission issues is recorded below the Python API by the grading
+kit's CommRecorder (course/grader/comm.py), whatever the call's form: its kind, the phase
+(forward, backward, finish), its dtype and size. Wrappers of the Python functions,
+installed before the submission is loaded, only note when an async one was waited for.
+A forward hook of the grader's on every leaf layer, run before the submission's own,
+marks where each layer's computation ended:
 an all-gather issued before that and waited for after it travelled while a layer
 computed (the prefetch); one issued in a post-forward hook, after the layer computed,
 overlaps no layer.
@@ -21,7 +23,9 @@ overlaps no layer.
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -33,22 +37,30 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lesson_10_models as m  # noqa: E402
 
 from course.grader.calls import Cases, Tensors  # noqa: E402
+from course.grader.comm import CommRecorder  # noqa: E402
 
 cases = Cases()
 
-GATHERS = ("all_gather_into_tensor", "all_gather", "all_gather_single", "_all_gather_base")
-SCATTERS = ("reduce_scatter_tensor", "reduce_scatter", "reduce_scatter_single")
-WATCHED = (*GATHERS, *SCATTERS, "all_reduce", "broadcast")
+# The Python functions whose async handles the case watches (when each was waited for);
+# what each sent is read from the communication recorder, below the Python API, so any
+# call form counts alike: positional or keyword arguments, one function calling another.
+WAITABLE = ("all_gather_into_tensor", "all_gather", "all_gather_single", "_all_gather_base",
+            "reduce_scatter_tensor", "reduce_scatter", "reduce_scatter_single", "all_reduce",
+            "broadcast")  # fmt: skip
+# The recorder's kinds, by the names the tests use.
+NAMES = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}
 
 
 class Watched:
     """An async collective's Work, handed to the submission; notes when it was waited for."""
 
-    def __init__(self, work, call: dict, log: Log):
-        self._work, self._call, self._log = work, call, log
+    def __init__(self, work, records: list[dict], log: Log):
+        self._work, self._records, self._log = work, records, log
 
     def wait(self, *args, **kwargs):
-        self._call.setdefault("waited", self._log.tick())
+        tick = self._log.tick()
+        for record in self._records:
+            record.setdefault("waited", tick)
         return self._work.wait(*args, **kwargs)
 
     def __getattr__(self, name):
@@ -56,46 +68,65 @@ class Watched:
 
 
 class Log:
-    """The collectives called, and the ticks at which a layer's forward ended."""
+    """The collectives issued (the recorder's records), when async ones were waited for,
+    and the ticks at which a layer's forward ended."""
 
     def __init__(self):
-        self.calls: list[dict] = []
+        self.recorder = CommRecorder()
         self.ends: list[int] = []
-        self.phase, self.clock, self.inside = "other", 0, False
+        self.depth = 0
+
+    @property
+    def phase(self) -> str:
+        return self.recorder.phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self.recorder.phase = value
+
+    @property
+    def calls(self) -> list[dict]:
+        """Every collective so far (barriers aside), in the shape the tests read. One not
+        issued through a watched function counts as waited for at once."""
+        return [
+            {"op": NAMES.get(r["op"], r["op"]), "phase": r["phase"],
+             "numel": sum(math.prod(shape) for shape in r["shapes"]),
+             "dtype": (r["dtypes"] or ["?"])[0], "async": r.get("async", False),
+             "issued": r["tick"], "waited": r.get("waited", None if r.get("async") else r["tick"])}
+            for r in self.recorder.records if r["op"] != "barrier"
+        ]  # fmt: skip
 
     def tick(self) -> int:
-        self.clock += 1
-        return self.clock
+        return self.recorder.tick()
 
     def patch(self) -> None:
-        for name in WATCHED:
+        for name in WAITABLE:
             original = getattr(dist, name, None)
             if original is not None:
-                wrapped = self.wrap(name, original)
+                wrapped = self.wrap(original)
                 setattr(dist, name, wrapped)
                 setattr(dist.distributed_c10d, name, wrapped)
 
-    def wrap(self, name, original):
+    def wrap(self, original):
+        signature = inspect.signature(original)
+
         def collective(*args, **kwargs):
-            if self.inside:  # one collective calling another (2.14's *_tensor call *_single)
+            if self.depth:  # one collective calling another (2.14's *_tensor call *_single)
                 return original(*args, **kwargs)
-            sent = args[1] if name in GATHERS or name in SCATTERS else args[0]
-            if isinstance(sent, list | tuple):
-                numel, dtype = sum(t.numel() for t in sent), sent[0].dtype
-            else:
-                numel, dtype = sent.numel(), sent.dtype
-            async_op = bool(kwargs.get("async_op", False))
-            call = {"op": name, "phase": self.phase, "numel": numel, "dtype": str(dtype)}
-            call |= {"async": async_op, "issued": self.tick()}
-            self.calls.append(call)
-            self.inside = True
+            try:
+                async_op = bool(signature.bind(*args, **kwargs).arguments.get("async_op"))
+            except TypeError:  # a call torch itself will refuse: let it say why
+                return original(*args, **kwargs)
+            first = len(self.recorder.records)
+            self.depth += 1
             try:
                 work = original(*args, **kwargs)
             finally:
-                self.inside = False
-            if not async_op:
-                call["waited"] = call["issued"]
-            return Watched(work, call, self) if async_op and work is not None else work
+                self.depth -= 1
+            made = self.recorder.since(first)
+            for record in made:
+                record["async"] = async_op
+            return Watched(work, made, self) if async_op and work is not None else work
 
         return collective
 
@@ -163,13 +194,14 @@ def _rank(rank, world, port, out, lesson_file, backend):
     from course.grader import submission
 
     log = Log()
-    log.patch()  # before the lesson is loaded: its own imports see the counting ones
+    log.patch()  # before the lesson is loaded: its own imports see the watching ones
     lesson = submission.load(Path(lesson_file), requires=("MiniFSDP",))
     device = ranks.join_local(rank, world, backend, port)
     try:
         tensors, notes = {}, {}
         for dtype_name in m.DTYPES:
-            full, notes[dtype_name] = train(lesson, log, rank, world, device, dtype_name)
+            with log.recorder:
+                full, notes[dtype_name] = train(lesson, log, rank, world, device, dtype_name)
             tensors |= {f"{dtype_name}/rank{rank}/{k}": v for k, v in full.items()}
         torch.save(tensors, Path(out) / f"rank{rank}.pt")
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(notes))

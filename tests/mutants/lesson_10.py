@@ -31,6 +31,49 @@ MUTANTS = [
         caught_by="half_of_adamws_state",
     ),
     dict(
+        name="every_rank_steps_everything_then_drops",
+        why="each rank steps the whole model, then drops the state it does not own: sharded "
+        "at rest, the whole state held during every step()",
+        old='    mine = {**group, "params": [p for p in group["params"] if self.owner[p] == self.rank]}',
+        new='    mine = {**group, "params": list(group["params"])}',
+        also=[
+            dict(
+                old="        loss = self.local.step(closure)\n",
+                new="        loss = self.local.step(closure)\n"
+                "        for p in [p for p in self.local.state if self.owner[p] != self.rank]:\n"
+                "            del self.local.state[p]  # the owner's copy is the one broadcast\n",
+            )
+        ],
+        caught_by="half_of_adamws_state",
+        says=("during its first step()",),
+    ),
+    dict(
+        name="zero_redundancy_optimizer_inside",
+        why="ShardedOptimizer built on PyTorch's ZeroRedundancyOptimizer: the library does "
+        "the sharding the exercise asks for",
+        old="""        if self.local is None:
+            self.local = self._make_local([mine])
+""",
+        new="""        if self.local is None:
+            hyper = {k: v for k, v in group.items() if k != "params"}
+            self.local = ZeroRedundancyOptimizer([mine], torch.optim.AdamW, **hyper)
+""",
+        also=[
+            dict(
+                old='    mine = {**group, "params": [p for p in group["params"] if self.owner[p] == self.rank]}',
+                new='    mine = {**group, "params": list(group["params"])}',
+            ),
+            dict(
+                old="""        works = [
+            dist.broadcast(p, src=self.owner[p], async_op=True)""",
+                new="""        works = [  # ZeroRedundancyOptimizer.step() has sent them already
+            dist.barrier(async_op=True)""",
+            ),
+        ],
+        caught_by="trains_like_adamw",
+        says=("used ZeroRedundancyOptimizer",),
+    ),
+    dict(
         name="no_broadcast",
         why="each rank steps its shard and keeps it: the other ranks never see the update",
         old="            dist.broadcast(p, src=self.owner[p], async_op=True)\n",
@@ -216,6 +259,29 @@ MUTANTS = [
 ]
 
 ALTERNATIVES = [
+    dict(
+        name="keyword_collectives_and_live_state",
+        why="MiniFSDP calls its collectives with keyword arguments; state_dict() hands out this "
+        "rank's own state tensors live, as torch's AdamW.state_dict() does, and the others' "
+        "as gathered",
+        old="        state = {i: s for part in shards for i, s in part.items()}\n",
+        new="        shards[self.rank] = shard  # this rank's own entries: its live tensors\n"
+        "        state = {i: s for part in shards for i, s in part.items()}\n",
+        also=[
+            dict(
+                file=FSDP,
+                old="        work = dist.all_gather_into_tensor(buffer, send, async_op=True)\n",
+                new="        work = dist.all_gather_into_tensor(\n"
+                "            output_tensor=buffer, input_tensor=send, async_op=True\n"
+                "        )\n",
+            ),
+            dict(
+                file=FSDP,
+                old="        dist.reduce_scatter_tensor(mine, flat)\n",
+                new="        dist.reduce_scatter_tensor(output=mine, input=flat)\n",
+            ),
+        ],
+    ),
     dict(
         name="contiguous_cut_and_all_gather",
         why="owners by cutting the parameter list where the bytes pass each rank's even share; "
