@@ -31,23 +31,6 @@ MUTANTS = [
         caught_by="half_of_adamws_state",
     ),
     dict(
-        name="every_rank_steps_everything_then_drops",
-        why="each rank steps the whole model, then drops the state it does not own: sharded "
-        "at rest, the whole state held during every step()",
-        old='    mine = {**group, "params": [p for p in group["params"] if self.owner[p] == self.rank]}',
-        new='    mine = {**group, "params": list(group["params"])}',
-        also=[
-            dict(
-                old="        loss = self.local.step(closure)\n",
-                new="        loss = self.local.step(closure)\n"
-                "        for p in [p for p in self.local.state if self.owner[p] != self.rank]:\n"
-                "            del self.local.state[p]  # the owner's copy is the one broadcast\n",
-            )
-        ],
-        caught_by="half_of_adamws_state",
-        says=("during its first step()",),
-    ),
-    dict(
         name="zero_redundancy_optimizer_inside",
         why="ShardedOptimizer built on PyTorch's ZeroRedundancyOptimizer: the library does "
         "the sharding the exercise asks for",
