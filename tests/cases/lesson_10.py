@@ -13,16 +13,17 @@ the model; and takes one more step with both. The test compares all of it with t
 AdamW in one process.
 
 The grading kit (course/grader/) watches how the work is done: the library's
-ZeroRedundancyOptimizer (and FSDP) behind a tripwire; the bytes the first step() held at
-its high-water mark (Meter), beside torch's AdamW stepping a copy of the whole model in the
-same rank; and every collective of the steps (CommRecorder). The state_dict()'s tensors are
-read as soon as it returns: a state_dict() that hands out the live state tensors, as torch's
-own optimizers do, is as right as one that copies them.
+ZeroRedundancyOptimizer (and FSDP) behind a tripwire, and the optimizer state held *during*
+each step(): after every optimizer step inside it (the inner one, or any other a
+submission makes), a global step hook counts the bytes reachable from the ShardedOptimizer
+and from the optimizer that stepped. A ZeRO-1 that steps the whole model and then drops
+what it does not own peaks at the whole state, and ends with a shard. The state_dict()'s
+tensors are read as soon as it returns: a state_dict() that hands out the live state
+tensors, as torch's own optimizers do, is as right as one that copies them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import sys
@@ -30,13 +31,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 sys.path.insert(0, str(Path(__file__).parent))
 import lesson_10_models as m  # noqa: E402
 
 from course.grader.calls import Cases, Tensors  # noqa: E402
-from course.grader.comm import CommRecorder  # noqa: E402
-from course.grader.meter import Meter  # noqa: E402
 from course.grader.tripwires import Tripwires, naming_shortcuts  # noqa: E402
 
 # What would do ZeRO for the student: PyTorch's own stage 1, or FSDP.
@@ -85,26 +85,23 @@ def _gradients(model, step, rank, world) -> None:
         p.grad /= world
 
 
-def _step(model, optimizer, step, rank, world, meter=None, recorder=None) -> None:
+def _step(model, optimizer, step, rank, world) -> None:
     optimizer.zero_grad()
     _gradients(model, step, rank, world)
     m.set_lr(optimizer, step)
-    phase = recorder.during(f"step {step}") if recorder else contextlib.nullcontext()
-    with meter or contextlib.nullcontext(), phase:
-        optimizer.step()
+    optimizer.step()
 
 
-def reference_peak(model, step, rank, world) -> tuple[int, int]:
-    """(high-water bytes of torch's AdamW's first step over a copy of the whole model, the
-    bytes of the state it then holds), measured in this rank as the submission's is."""
-    whole = copy.deepcopy(model)
-    adamw = torch.optim.AdamW(m.groups(whole), lr=m.LR)
-    _gradients(whole, step, rank, world)
-    with Meter() as meter:
-        adamw.step()
-    state = sum(t.untyped_storage().nbytes() for s in adamw.state.values()
-                for t in s.values() if torch.is_tensor(t))  # fmt: skip
-    return meter.peak, state
+def held_during_steps(optimizer, model, module: str):
+    """A context that keeps, in the list it yields, the most bytes held_bytes counts after any
+    optimizer's step while it is open: the ShardedOptimizer's and the stepping one's."""
+    most = [0]
+
+    def hook(stepped, args, kwargs):
+        most[0] = max(most[0], held_bytes([optimizer, stepped], model, module))
+
+    handle = register_optimizer_step_post_hook(hook)
+    return most, handle
 
 
 def _rank(rank, world, port, out, lesson_file):
@@ -118,12 +115,13 @@ def _rank(rank, world, port, out, lesson_file):
     out = Path(out)
     try:
         model = m.build()
-        whole_peak, whole_state = reference_peak(model, 1, rank, world)
-        recorder, first = CommRecorder(), Meter()
         optimizer = lesson.ShardedOptimizer(m.groups(model), torch.optim.AdamW, lr=m.LR)
-        with recorder:
+        during, handle = held_during_steps(optimizer, model, lesson.__name__)
+        try:
             for step in range(1, m.STEPS + 1):
-                _step(model, optimizer, step, rank, world, first if step == 1 else None, recorder)
+                _step(model, optimizer, step, rank, world)
+        finally:
+            handle.remove()
         held = held_bytes(optimizer, model, lesson.__name__)
         saved = optimizer.state_dict()
         # Read now: the next step may move tensors a state_dict() shares with the optimizer.
@@ -142,11 +140,8 @@ def _rank(rank, world, port, out, lesson_file):
         if rank == 0:
             tensors |= state_now
         torch.save(tensors, out / f"rank{rank}.pt")
-        found = {"held_bytes": held, "groups": saved["param_groups"]}
-        found |= {"step_peak": first.peak, "whole_peak": whole_peak, "whole_state": whole_state}
-        found |= {"library": wires.used, "collectives": [
-            {k: r[k] for k in ("op", "phase", "bytes", "received", "dtypes", "group", "peer")}
-            for r in recorder.records if r["phase"].startswith("step")]}  # fmt: skip
+        found = {"held_bytes": held, "held_in_step": during[0], "groups": saved["param_groups"]}
+        found["library"] = wires.used
         found["state_keys"] = sorted(int(i) for i in saved["state"])
         (out / f"rank{rank}.json").write_text(json.dumps(found, default=str))
     finally:

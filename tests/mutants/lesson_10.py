@@ -31,6 +31,23 @@ MUTANTS = [
         caught_by="half_of_adamws_state",
     ),
     dict(
+        name="whole_step_then_drop",
+        why="every rank steps the whole model, then drops the state of what it does not own: "
+        "a shard at rest, the whole state during step()",
+        old='    mine = {**group, "params": [p for p in group["params"] if self.owner[p] == self.rank]}',
+        new='    mine = {**group, "params": list(group["params"])}',
+        also=[
+            dict(
+                old="        loss = self.local.step(closure)\n",
+                new="        loss = self.local.step(closure)\n"
+                "        for p in [p for p in self.local.state if self.owner[p] != self.rank]:\n"
+                "            del self.local.state[p]  # not mine: forget it\n",
+            )
+        ],
+        caught_by="half_of_adamws_state",
+        says=("during step()", "dropped after the step"),
+    ),
+    dict(
         name="zero_redundancy_optimizer_inside",
         why="ShardedOptimizer built on PyTorch's ZeroRedundancyOptimizer: the library does "
         "the sharding the exercise asks for",
