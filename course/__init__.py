@@ -27,11 +27,18 @@ where a new helper goes:
     judge            numbers the grader computes itself: accuracy of saved weights,
                      the reference weights a run must end with
     warm             a warm grading server: one fork per grading
+    tolerances       bounds declared by the tests, measured by `course tolerances`
+    the grading kit, how a by-hand exercise is done (docs/contributing.md):
+    comm             every collective and message a rank issues, below the Python API
+    meter            the most bytes a rank's allocator held during a call
+    tripwires        library shortcuts (ZeroRedundancyOptimizer, fully_shard, ...) noted
+    draws            rank counts, stages, orders drawn from the printed grading seed
 
   course/probes/     inside every launched process, armed by COURSE_* variables;
                      they import nothing heavy at start-up (_site/sitecustomize.py
                      installs them: course.procs puts _site on PYTHONPATH)
     write_log, batch_log, weight_log, ddp_log, connect_log: what a rank did
+    comm_log         every collective and message of each rank (grader's recorder)
     rank_output      each rank's stdout and stderr in a file of its own
     chaos            faults on purpose: kill a rank at a step, or mid-write
     step_clock       when each optimizer step ended, and how long the next batch took

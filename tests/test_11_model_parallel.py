@@ -30,8 +30,11 @@ from pathlib import Path
 import pytest
 
 from course import lessons, procs
+from course.grader import tripwires
+from course.grader.draws import draw
 from course.grader.plugin import call_lesson
 from course.grader.tolerances import seed, tolerance
+from course.probes import comm_log
 
 LESSON = lessons.get("11")
 CASES = Path(__file__).with_name("cases") / "lesson_11.py"
@@ -140,8 +143,35 @@ def _check_exact(calls, case: str, name: str, reference) -> None:
 def test_the_pipeline_computes_what_the_whole_model_computes(by_hand, reference, name):
     """3 stages, 4 micro-batches, your schedule: the loss, the last stage's outputs and
     every parameter's gradient on every stage equal the whole model's, run in one process
-    on the whole batch."""
+    on the whole batch; written by hand (torch.distributed.pipelining is tripwired)."""
+    for rank in range(m.STAGES):
+        used = by_hand("by_hand")[str(rank)]["library"]
+        assert not used, f"stage {rank}: " + tripwires.refused(used, "gpipe and one_f_one_b")
     _check_exact(by_hand, "by_hand", name, reference)
+
+
+@pytest.mark.core
+@pytest.mark.points(1)
+def test_each_stage_messages_its_neighbours_once_a_micro_batch(by_hand):
+    """Seen below torch.distributed by the grading kit's recorder, in one step of gpipe and
+    of one_f_one_b: stage r sends each micro-batch's activation to r + 1 and its input's
+    gradient to r - 1, receives the same from them, one micro-batch's float32 activation
+    each (2 x 8 x 16), and makes no other collective or message."""
+    size = m.ROWS * m.SEQ * m.DIM * 4
+    for name in ("gpipe", "1f1b"):
+        steps, _, _ = _per_rank(by_hand, "by_hand", name)
+        for rank in range(m.STAGES):
+            got = {}
+            for r in steps[rank][0]["messages"]:
+                key = (r["op"], r["peer"], r["bytes"], tuple(r["dtypes"]))
+                got[key] = got.get(key, 0) + 1
+            want = {(op, peer, size, ("torch.float32",)): m.MICRO for op in ("send", "recv")
+                    for peer in (rank - 1, rank + 1) if 0 <= peer < m.STAGES}  # fmt: skip
+            assert got == want, (
+                f"{name}, stage {rank}: one step's messages, (op, peer, bytes, dtypes): count, "
+                f"were {got}; expected {want}: one activation forward and one gradient back "
+                f"per micro-batch ({m.MICRO}), to and from the neighbouring stages only"
+            )
 
 
 def _counts(steps: dict) -> dict:
@@ -237,11 +267,13 @@ STEPS = 20
 # bounds measured over seeds 0-11 by `python -m course tolerances 11`.
 SCRIPT_SEED = seed(1)
 SCRIPT_TESTS = ("test_the_pipeline_script_learns_what_one_process_learns "
+                "test_the_scripts_own_schedule_pipelines_over_more_stages "
                 "test_the_tensor_parallel_script_learns_holding_less")  # fmt: skip
 SCRIPT_LOSSES = tolerance(
     "11.script_losses", high=2e-4, test=SCRIPT_TESTS,
-    what="largest difference of pipeline.py's (torch-1f1b) and tensor.py's (dtensor, 2 x 2) "
-    "printed losses from the same model trained whole in one process, 20 steps",
+    what="largest difference of pipeline.py's (torch-1f1b; its own schedule on 3 or 4 stages) "
+    "and tensor.py's (dtensor, 2 x 2) printed losses from the same model trained whole in "
+    "one process, 20 steps",
 )  # fmt: skip
 SCRIPT_LEARNED = tolerance(
     "11.script_learned", high=1.0, test=SCRIPT_TESTS,
@@ -258,16 +290,30 @@ RUNS = {
     + ["--stage-ms", "5"],
     "dtensor": ["--nproc", "4", "--split", "dtensor", "--data-parallel", "2"],  # tensor.py
 }
-DEPTH = {"torch-1f1b": 4, "dtensor": 2}  # the scripts' default --depth
+DEPTH = {"torch-1f1b": 4, "dtensor": 2, "hand": 4}  # the scripts' default --depth
+
+
+def hand_run() -> dict:
+    """pipeline.py's own schedules, on more than two stages (with two, p - 1 = 1 hides a
+    mistake in p): the schedule, stages and micro-batches drawn from the grading seed."""
+    return {"schedule": draw("11.script_schedule", ("gpipe", "1f1b")),
+            "nproc": draw("11.script_stages", (3, 4)),
+            "micro": draw("11.script_micro", (4, 8))}  # fmt: skip
+
+
+def hand_flags(run: dict) -> list[str]:
+    return ["--nproc", str(run["nproc"]), "--schedule", run["schedule"],
+            "--micro-batches", str(run["micro"])]  # fmt: skip
 
 
 @pytest.fixture
 def runs(impl, tmp_path_factory):
-    """pipeline.py --schedule torch-1f1b on 2 ranks and tensor.py --split dtensor on a
-    2 x 2 mesh, 20 steps each, at once."""
+    """pipeline.py --schedule torch-1f1b on 2 ranks, its own schedule on 3 or 4 (hand_run,
+    with every rank's messages logged), and tensor.py --split dtensor on a 2 x 2 mesh, 20
+    steps each, at once."""
     if str(impl) not in _runs:
         jobs = {}
-        for name, flags in RUNS.items():
+        for name, flags in {**RUNS, "hand": hand_flags(hand_run())}.items():
             folder = tmp_path_factory.mktemp(name)
             script = LESSON.path(impl).with_name(
                 "tensor.py" if name == "dtensor" else "pipeline.py"
@@ -275,21 +321,26 @@ def runs(impl, tmp_path_factory):
             command = [sys.executable, str(script), "--backend", "gloo", "--steps", str(STEPS),
                        "--seed", str(SCRIPT_SEED), *flags]  # fmt: skip
             jobs[name] = dict(args=command, timeout=120, cwd=folder, log_dir=folder / "ranks")
+            if name == "hand":
+                jobs[name]["env"] = {comm_log.LOG_ENV: str(folder / "comm")}
+                (folder / "comm").mkdir()
         _runs[str(impl)] = procs.run_all(jobs)
+        _runs[str(impl)]["hand-messages"] = jobs["hand"]["env"][comm_log.LOG_ENV]
     return _runs[str(impl)]
 
 
 @pytest.fixture(scope="module")
 def script_reference():
     """The scripts' training, whole, in this process: {run: {step: loss}}."""
-    return {name: m.script_losses(DEPTH[name], STEPS, SCRIPT_SEED) for name in RUNS}
+    return {name: m.script_losses(DEPTH[name], STEPS, SCRIPT_SEED) for name in DEPTH}
 
 
 def _output(runs, name: str) -> str:
     result = runs[name]
     if not result.ok:
         script = "tensor.py" if name == "dtensor" else "pipeline.py"
-        pytest.fail(f"{script} {' '.join(RUNS[name])}: {result.failure()}", pytrace=False)
+        flags = hand_flags(hand_run()) if name == "hand" else RUNS[name]
+        pytest.fail(f"{script} {' '.join(flags)}: {result.failure()}", pytrace=False)
     return "\n".join([result.output, *result.rank_logs.values()])
 
 
@@ -339,6 +390,52 @@ def test_the_pipeline_script_learns_what_one_process_learns(runs, script_referen
         "expected each stage's measured bubble beside theory, 1/9, at most "
         f"{-SCRIPT_BUBBLE.low:g} below it and less than the whole step"
     )
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_the_scripts_own_schedule_pipelines_over_more_stages(runs, script_reference):
+    """pipeline.py with its own gpipe or one_f_one_b, on 3 or 4 gloo stages, 4 or 8
+    micro-batches (drawn from the grading seed), --seed 1, 20 steps: the losses of the same
+    model trained whole in one process; each stage prints the most micro-batches' activations
+    it kept (GPipe: all; 1F1B: stages - rank); and, seen below torch.distributed by the
+    grading kit's recorder, each stage sends one activation a micro-batch to the next stage
+    and one gradient to the previous, of one micro-batch's size, in float32, and nothing
+    else to anyone."""
+    run = hand_run()
+    p, micro, schedule = run["nproc"], run["micro"], run["schedule"]
+    what = "pipeline.py " + " ".join(hand_flags(run)) + " (drawn from the grading seed)"
+    out = _output(runs, "hand")
+    _learns(out, script_reference["hand"], what)
+    alive = {int(r): (int(a), int(t)) for r, a, t in ALIVE.findall(out)}
+    want = {r: (micro if schedule == "gpipe" else min(p - r, micro), micro) for r in range(p)}
+    assert alive == want, (
+        f"{what}: (activations alive at most, micro-batches) by stage: {alive}; expected "
+        f"{want}" + ("" if sorted(alive) == list(range(p)) else
+                     f" (a line from each of the {p} stages)")
+    )  # fmt: skip
+    sent = comm_log.read(runs["hand-messages"])
+    size = 32 // micro * 16 * 64 * 4  # one micro-batch's activation: rows x 16 tokens x 64
+    for rank in range(p):
+        messages = {}
+        for r in sent.get(rank, []):
+            if r["op"] in ("send", "recv"):
+                key = (r["op"], r["peer"], r["bytes"], tuple(r["dtypes"]))
+                messages[key] = messages.get(key, 0) + 1
+        want = {
+            (op, peer, size, ("torch.float32",)): STEPS * micro
+            for op in ("send", "recv")
+            for peer in (rank - 1, rank + 1)
+            if 0 <= peer < p
+        }
+        assert messages == want, (
+            f"{what}: stage {rank}'s point-to-point messages, (op, peer, bytes, dtypes): "
+            f"count, were {messages}; a pipeline stage sends and receives one activation "
+            f"and one gradient of {size:,} bytes per micro-batch per step, to and from its "
+            "neighbours only, expected "
+            f"{want}" + ("" if messages else ". None at all: every rank ran the whole model "
+                         "itself, or another way than torch.distributed's messages")
+        )  # fmt: skip
 
 
 # --- part 2: tensor parallelism (tensor.py) ------------------------------------------

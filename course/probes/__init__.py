@@ -14,6 +14,8 @@ imports it (`after_torch_import`):
                         (course/probes/batch_log.py)
     COURSE_DDP_LOG      DDP's all-reduces per optimizer step, counted by a
                         communication hook, and its options (course/probes/ddp_log.py)
+    COURSE_COMM_LOG     every collective and point-to-point op of each rank, seen by the
+                        grading kit's recorder (course/probes/comm_log.py)
     COURSE_RANK_LOG_DIR each rank's output in a file of its own (course/probes/rank_output.py)
     COURSE_CONNECT_LOG  every TCP connect attempt, timed (course/probes/connect_log.py)
     COURSE_READY_LOG    when the process finished importing torch (and torch._dynamo):
@@ -36,6 +38,7 @@ ENVIRONMENT = (
     "COURSE_REPLICA_LOG",
     "COURSE_BATCH_LOG",
     "COURSE_DDP_LOG",
+    "COURSE_COMM_LOG",
     "COURSE_RANK_LOG_DIR",
     "COURSE_CONNECT_LOG",
     "COURSE_READY_LOG",
@@ -80,6 +83,10 @@ def _install_torch_probes() -> None:
         from course.probes import ddp_log
 
         ddp_log.install()
+    if os.environ.get("COURSE_COMM_LOG"):
+        from course.probes import comm_log
+
+        comm_log.install()
     if os.environ.get("COURSE_REPLICA_LOG"):
         from course.probes import weight_log
 

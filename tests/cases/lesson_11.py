@@ -10,10 +10,16 @@ Schedule1F1B as the submission's torch_schedule builds them, with a token cost. 
 step runs the same whole batch. Each rank writes its first step's gradients and
 outputs, and every step's timings, loss and activation count; the test compares them
 with the whole model run in one process.
+
+The grading kit watches how the hand-written schedules work: torch.distributed.pipelining
+is behind tripwires while they run (a gpipe built on ScheduleGPipe is a shortcut, named),
+and the recorder notes each step's point-to-point messages below torch.distributed:
+peer, bytes and dtype, whatever call sent them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -25,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lesson_11_models as m  # noqa: E402
 
 from course.grader.calls import Cases, Tensors  # noqa: E402
+from course.grader.comm import CommRecorder  # noqa: E402
+from course.grader.tripwires import PIPELINING, Tripwires, naming_shortcuts  # noqa: E402
 
 cases = Cases()
 SCHEDULES = ("gpipe", "1f1b", "torch-gpipe", "torch-1f1b")
@@ -49,6 +57,9 @@ def _rank(rank, world, port, out, lesson_file, only):
     from course.grader import submission
 
     torch.set_num_threads(1)  # 3 ranks on 2 cores: more threads would wait on each other
+    by_hand = not any(name.startswith("torch") for name in only)
+    if by_hand:  # before the lesson is loaded: its imports bind these
+        wires = Tripwires(*PIPELINING, log=Path(out, f"rank{rank}.tripwires")).install()
     lesson = submission.load(Path(lesson_file), requires=REQUIRES)
     ranks.join_local(rank, world, "gloo", port)
     out = Path(out)
@@ -67,9 +78,15 @@ def _rank(rank, world, port, out, lesson_file, only):
             for step in range(1, (1 if torch_made else m.STEPS) + 1):
                 stage.reset()
                 dist.barrier()  # every rank starts the step together
-                loss = _run(lesson, name, stage, pipe, tokens, targets)
+                # The first step's messages: the recorder's own cost (it sees every operator)
+                # then weighs on one step's timing of three, whose median is graded.
+                recorder = CommRecorder() if step == 1 else contextlib.nullcontext()
+                with recorder:
+                    loss = _run(lesson, name, stage, pipe, tokens, targets)
+                messages = [{k: r[k] for k in ("op", "peer", "bytes", "dtypes")}
+                            for r in recorder.records] if step == 1 else None  # fmt: skip
                 steps.append({"events": stage.events, "most_alive": stage.most_alive,
-                              "alive_after": stage.alive,
+                              "alive_after": stage.alive, "messages": messages,
                               "loss": None if loss is None else float(loss.detach())})  # fmt: skip
                 if step == 1:
                     for key, grad in stage.gradients().items():
@@ -77,6 +94,8 @@ def _rank(rank, world, port, out, lesson_file, only):
                     if pipe.last and stage.outputs:
                         tensors[f"{name}/logits"] = torch.cat(stage.outputs)
             found[name] = steps
+        if by_hand:
+            found["library"] = wires.used
         torch.save(tensors, out / f"rank{rank}.pt")
         (out / f"rank{rank}.json").write_text(json.dumps(found))
         dist.barrier()
@@ -87,8 +106,9 @@ def _rank(rank, world, port, out, lesson_file, only):
 def _schedules(names):
     out = cases.out / "-".join(names)
     out.mkdir(parents=True, exist_ok=True)
-    cases.spawn(_rank, m.STAGES, str(out), str(cases.lesson_file), list(names),
-                what=f"{m.STAGES} gloo ranks running {', '.join(names)}")  # fmt: skip
+    with naming_shortcuts(out, "gpipe and one_f_one_b"):
+        cases.spawn(_rank, m.STAGES, str(out), str(cases.lesson_file), list(names),
+                    what=f"{m.STAGES} gloo ranks running {', '.join(names)}")  # fmt: skip
     tensors, found = {}, {}
     for rank in range(m.STAGES):
         tensors |= {f"rank{rank}/{k}": v for k, v in

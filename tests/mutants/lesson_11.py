@@ -105,6 +105,49 @@ MUTANTS = [
         new='    return parallelize_module(block, mesh, {"up": ColwiseParallel(), "down": ColwiseParallel()})\n',
         caught_by="dtensor_split",
     ),
+    dict(
+        name="gpipe_on_torch_schedules",
+        why="gpipe built on torch.distributed.pipelining's ScheduleGPipe, given the shapes up "
+        "front: the library runs the schedule the exercise asks for by hand",
+        old="""    saved = [forward_step(pipe, inputs[i], targets[i], len(inputs)) for i in range(len(inputs))]
+    for x, y in saved:
+        backward_step(pipe, x, y)
+""",
+        new="""    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    shape = (*pipe.shape[:-1], pipe.stage(inputs[0]).shape[-1]) if pipe.first else pipe.shape
+    example = torch.zeros(shape) if not pipe.first else inputs[0]
+    stage = PipelineStage(pipe.stage, pipe.rank, pipe.world, pipe.device,
+                          input_args=(example,), output_args=torch.zeros(pipe.shape))
+    schedule = ScheduleGPipe(stage, len(inputs), loss_fn=lambda y, t: F.cross_entropy(
+        y.flatten(0, 1), t.flatten()))
+    losses = []
+    kwargs = dict(target=torch.cat(targets), losses=losses) if pipe.last else {}
+    schedule.step(*([torch.cat(inputs)] if pipe.first else []), **kwargs)
+    if pipe.last:
+        pipe.losses.append(torch.stack(losses).mean())
+""",
+        caught_by="computes_what_the_whole_model",
+        says=("from PyTorch's library",),
+    ),
+    dict(
+        name="whole_model_on_every_rank",
+        why="pipeline.py's own schedules run the whole model on every rank, each a pipeline "
+        "of one stage: the same losses and activation counts, and no pipeline at all",
+        old="        stage = build_stage(rank, world, args.dim, args.depth, args.seed)\n",
+        new='        whole = not args.schedule.startswith("torch")  # every rank: all of it\n'
+        "        stage = build_stage(0, 1 if whole else world, args.dim, args.depth, args.seed) "
+        "if whole else build_stage(rank, world, args.dim, args.depth, args.seed)\n",
+        also=[
+            dict(
+                old="        pipe = Pipe(watched, rank, world, (size, 16, args.dim), device)",
+                new="        pipe = Pipe(watched, 0 if whole else rank, 1 if whole else world, "
+                "(size, 16, args.dim), device)",
+            )
+        ],
+        caught_by="own_schedule",
+        says=("None at all",),
+    ),
     # Not TODOs: a flag the grading runs away from its default, whose effect it must see.
     dict(
         name="pipeline_seed_ignored",
