@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch.utils.data import DistributedSampler, RandomSampler
 
 from course import data, lessons, memory, models, procs
+from course.grader.draws import draw
 from course.grader.plugin import call_lesson, needed, shared
 from course.grader.tolerances import seed, tolerance
 from course.probes import step_clock
@@ -231,10 +232,18 @@ def test_unused_script_runs_with_its_flags(impl, tmp_path):
 @pytest.mark.points(2)
 @pytest.mark.needs("unused_gradients")
 def test_unused_every_parameter_of_the_model_gets_a_gradient(calls):
-    """One backward through unused.Net gives every parameter a gradient: nothing is left
-    for DDP to wait for (find_unused_parameters=True would only hide it)."""
+    """One backward through unused.Net gives every parameter a gradient, and none of them
+    is zero everywhere: nothing is left for DDP to wait for (find_unused_parameters=True
+    would only hide it), and no dead layer is kept that DDP all-reduces and the optimizer
+    steps for nothing."""
     found = calls("unused_gradients")
     assert found["all"], "unused.Net() has no parameters"
+    assert not found["zero"], (
+        f"these parameters get a zero gradient, everywhere, from a forward and backward on "
+        f"16 images: {found['zero']}. They change nothing the model computes, yet every step "
+        "all-reduces and updates them: a layer kept and used with weight zero is still dead; "
+        "remove it"
+    )
     assert not found["missing"], (
         f"these parameters get no gradient from a forward and backward: {found['missing']}. "
         'DDP waits for them and fails at the next step ("Expected to have finished reduction '
@@ -291,14 +300,18 @@ def test_hang_every_rank_takes_the_same_steps(calls):
 @pytest.mark.points(3)
 @pytest.mark.needs("hang_diagnosis")
 def test_hang_diagnosis_names_the_rank_and_the_collective(calls):
-    """For three runs with a planted skip (3 ranks: rank 1 skips an all_reduce, rank 2 a
-    broadcast; 4 ranks: rank 0 an all_gather), diagnose names that rank and collective."""
+    """For three runs with a planted skip, one per collective (all_reduce, broadcast,
+    all_gather), each on 3 or 4 ranks (one on 4), the skipping rank, what it runs instead
+    (the barrier after, or another collective) and the order of the messages drawn from the
+    grading seed: diagnose names that rank and the collective it skipped."""
     found = calls("hang_diagnosis")
-    for (world, skip, op), answer in zip(found["plants"], found["answers"], strict=True):
+    for plant, answer in zip(found["plants"], found["answers"], strict=True):
+        world, skip, op, instead, order = plant
         assert answer == [skip, op], (
-            f"{world} ranks, rank {skip} skipped {op}: diagnose answered rank {answer[0]}, "
-            f"{answer[1]!r}. Read each message's first fingerprint (its own rank's collective), "
-            "not the checker's REDUCE and GATHER after 'but Rank'"
+            f"{world} ranks, rank {skip} skipped {op} and ran {instead} instead, the messages "
+            f"given in the order of ranks {order} (drawn from the grading seed): diagnose "
+            f"answered rank {answer[0]}, {answer[1]!r}. Read each message's first fingerprint "
+            "(its own rank's collective), not the checker's REDUCE and GATHER after 'but Rank'"
         )
 
 
@@ -309,22 +322,30 @@ HANG_TIMEOUT = 5 * procs.timeout_scale()
 
 
 HANG_FLAGS = ["--nproc", "5", "--timeout", f"{HANG_TIMEOUT:g}"]
+
+
+def swapped_rank() -> int:
+    """The rank of hang.py --diagnose's 3 whose first all_reduce the grader swaps for a
+    broadcast: drawn from the grading seed, rank 0 included."""
+    return draw("09.hang_swapped_rank", range(3))
+
+
 HANG_DIAGNOSE = ["--diagnose", "--timeout", f"{HANG_TIMEOUT:g}"]
 _hang_scripts: dict = {}
 
 
 @pytest.fixture
 def hang_scripts(impl, tmp_path_factory):
-    """{"flags": hang.py HANG_FLAGS, "diagnose": hang.py HANG_DIAGNOSE with rank 2's first
-    all_reduce swapped for a broadcast}: both launched at once (a starter that hangs waits
-    out its timeout in one while the other starts)."""
+    """{"flags": hang.py HANG_FLAGS, "diagnose": hang.py HANG_DIAGNOSE with one rank's first
+    all_reduce swapped for a broadcast (swapped_rank())}: both launched at once (a starter
+    that hangs waits out its timeout in one while the other starts)."""
 
     def launch():
         script = LESSON.path(impl).with_name("hang.py")
         jobs = {}
         for name, args, env in (
             ("flags", HANG_FLAGS, {}),
-            ("diagnose", HANG_DIAGNOSE, {"COURSE_SWAP_ALL_REDUCE": "2"}),
+            ("diagnose", HANG_DIAGNOSE, {"COURSE_SWAP_ALL_REDUCE": str(swapped_rank())}),
         ):
             folder = tmp_path_factory.mktemp(f"hang-{name}")
             jobs[name] = dict(args=[sys.executable, str(script), *args], timeout=60, env=env,
@@ -360,20 +381,21 @@ def test_hang_script_runs_with_its_flags(hang_scripts):
 
 @pytest.mark.points(1)
 def test_hang_script_diagnose_flag_names_a_planted_mismatch(hang_scripts):
-    """`hang.py --diagnose --timeout 5`, with rank 2's first all_reduce swapped for a
-    broadcast by the grader (course/probes/chaos.py, COURSE_SWAP_ALL_REDUCE=2): the flag
-    turns on DETAIL's checks, which name the mismatch at once, collects each rank's error,
-    and the script prints your diagnose()'s answer, "rank 2 ... all_reduce", and exits 1."""
-    result = hang_scripts["diagnose"]
+    """`hang.py --diagnose --timeout 5`, with one rank's first all_reduce (the rank drawn
+    from the grading seed) swapped for a broadcast by the grader (course/probes/chaos.py,
+    COURSE_SWAP_ALL_REDUCE=R): the flag turns on DETAIL's checks, which name the mismatch
+    at once, collects each rank's error, and the script prints your diagnose()'s answer,
+    "rank R ... all_reduce", and exits 1."""
+    result, rank = hang_scripts["diagnose"], swapped_rank()
     if result.timed_out:
         pytest.fail(f"hang.py {' '.join(HANG_DIAGNOSE)}: {result.failure()}", pytrace=False)
     said = r"diagnosis: rank (\d+) is out of step; the others wait in (\w+)"
     line = re.search(said, result.output)
-    assert result.returncode == 1 and line and line.groups() == ("2", "all_reduce"), (
-        f"hang.py {' '.join(HANG_DIAGNOSE)}, rank 2 planted to broadcast where the others "
-        "all-reduce: expected 'diagnosis: rank 2 is out of step; the others wait in "
-        f"all_reduce' and exit code 1; got exit code {result.returncode} and\n"
-        f"{result.output[-1500:]}"
+    assert result.returncode == 1 and line and line.groups() == (str(rank), "all_reduce"), (
+        f"hang.py {' '.join(HANG_DIAGNOSE)}, rank {rank} (drawn from the grading seed) "
+        f"planted to broadcast where the others all-reduce: expected 'diagnosis: rank {rank} "
+        "is out of step; the others wait in all_reduce' and exit code 1; got exit code "
+        f"{result.returncode} and\n{result.output[-1500:]}"
     )
 
 

@@ -23,7 +23,7 @@ SEED_ENV = "COURSE_GRADE_SEED"
 def grade_seed() -> int:
     value = os.environ.get(SEED_ENV, "").strip()
     if not value:
-        return 0  # outside a grading (a test's own import, a tool): the first configuration
+        return 0  # outside a grading (a test's own import, a tool): seed 0's configurations
     try:
         return int(value)
     except ValueError:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from course import data, memory, models, procs, ranks
 from course.grader import submission
 from course.grader.calls import Cases, Tensors
+from course.grader.draws import draw, shuffled
 from course.grader.tolerances import seed
 
 cases = Cases()
@@ -33,8 +34,22 @@ DDP_SEED = seed(0)  # the silent DDP step's model; the test module has the same 
 # on two cores, 2026-12-01). 5 s is five times that, stretched by COURSE_TIMEOUT_SCALE;
 # it is also what a starter that hangs costs its grading (the lesson's 45 s budget).
 PG_TIMEOUT_S = 5 * procs.timeout_scale()
-# Skips the diagnosis is asked about: (ranks, the rank that skips, the collective it skips).
-PLANTS = ((3, 1, "all_reduce"), (3, 2, "broadcast"), (4, 0, "all_gather"))
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather")
+
+
+def plants() -> list[tuple[int, int, str, str, list[int]]]:
+    """The skips the diagnosis is asked about, drawn from the grading seed: one for each
+    collective, in a drawn order, as (ranks, the rank that skips, the collective it skips,
+    what that rank runs instead, the order of the messages diagnose is given). At least one
+    has 4 ranks, and one's odd rank runs another collective, not the barrier after."""
+    found = []
+    for i, op in enumerate(shuffled("09.hang_ops", COLLECTIVES)):
+        world = 4 if i == 0 else draw(f"09.hang_world{i}", (3, 4))
+        skip = draw(f"09.hang_skip{i}", range(world))
+        others = [c for c in COLLECTIVES if c != op]
+        instead = draw(f"09.hang_instead{i}", others if i == 1 else ["barrier", *others])
+        found.append((world, skip, op, instead, shuffled(f"09.hang_order{i}", range(world))))
+    return found
 
 
 def sibling(name: str, requires: tuple[str, ...]):
@@ -120,20 +135,21 @@ def silent(lesson):
 # --- exercise 3: a hang ----------------------------------------------------------------
 
 
-def _plant(rank, world, port, out, skip, op):
-    """Every rank all-reduces; all but `skip` then call `op`; then every rank a barrier."""
+def _plant(rank, world, port, out, skip, op, instead):
+    """Every rank all-reduces; all but `skip` then call `op`, and `skip` calls `instead`
+    (the barrier every rank calls next, or another collective)."""
     dist.set_debug_level(dist.DebugLevel.DETAIL)  # as TORCH_DISTRIBUTED_DEBUG=DETAIL does
     ranks.join_local(rank, world, "gloo", port)
     t, message = torch.ones(3), ""
     try:
         dist.all_reduce(t)
-        if rank != skip:
-            if op == "all_reduce":
-                dist.all_reduce(t)
-            elif op == "broadcast":
-                dist.broadcast(t, src=(skip + 1) % world)
-            else:
-                dist.all_gather([torch.empty(3) for _ in range(world)], t)
+        which = op if rank != skip else instead
+        if which == "all_reduce":
+            dist.all_reduce(t)
+        elif which == "broadcast":
+            dist.broadcast(t, src=(skip + 1) % world)
+        elif which == "all_gather":
+            dist.all_gather([torch.empty(3) for _ in range(world)], t)
         dist.barrier()
     except RuntimeError as err:
         message = str(err)
@@ -144,17 +160,18 @@ def _plant(rank, world, port, out, skip, op):
 
 @cases.case
 def hang_diagnosis(lesson):
-    """hang.diagnose on the messages of real runs with a skip planted (PLANTS)."""
+    """hang.diagnose on the messages of real runs with a skip planted (plants()), given
+    in a drawn order of ranks."""
     module = sibling("hang.py", ("train", "diagnose"))
-    answers = []
-    for world, skip, op in PLANTS:
-        out = spawn(_plant, world, skip, op, what=f"plant {world} {skip} {op}")
-        messages = {rank: Path(out, f"{rank}.txt").read_text() for rank in range(world)}
+    answers, planted = [], plants()
+    for world, skip, op, instead, order in planted:
+        out = spawn(_plant, world, skip, op, instead, what=f"plant {world} {skip} {op}")
+        messages = {rank: Path(out, f"{rank}.txt").read_text() for rank in order}
         if not all(messages.values()):
             raise RuntimeError(f"the planted skip raised on no rank: {messages}")
         rank, collective = module.diagnose(messages)
         answers.append([int(rank), str(collective)])
-    return {"answers": answers, "plants": [list(p) for p in PLANTS]}
+    return {"answers": answers, "plants": [list(p) for p in planted]}
 
 
 def _hang_rank(rank, world, port, out):
@@ -205,13 +222,15 @@ def memory_steps(lesson):
 
 @cases.case
 def unused_gradients(lesson):
-    """Names of the parameters of unused.Net() that one backward leaves without a gradient."""
+    """Names of the parameters of unused.Net() that one backward leaves without a gradient,
+    and of those whose gradient is zero everywhere (a layer used with weight zero)."""
     module = sibling("unused.py", ("train",))
     model = module.Net()
     images, labels = (t[:16] for t in data.digits()[0].tensors)
     F.cross_entropy(model(images), labels).backward()
-    names = [name for name, p in model.named_parameters()]
-    return {"missing": [n for n, p in model.named_parameters() if p.grad is None], "all": names}
+    named = list(model.named_parameters())
+    return {"missing": [n for n, p in named if p.grad is None], "all": [n for n, _ in named],
+            "zero": [n for n, p in named if p.grad is not None and not p.grad.any()]}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -56,6 +56,23 @@ MUTANTS = [
         ],  # fmt: skip
         caught_by="every_parameter",
     ),
+    dict(
+        name="unused_head_hidden_by_a_zero_weight",
+        file=UNUSED,
+        why="the head kept and used with weight zero: every parameter gets a gradient, a "
+        "zero one, and DDP still all-reduces and the optimizer steps the dead layer",
+        old="        ### FIX\n        ### END BUG\n",
+        new="        self.aux = nn.Linear(2 * 32, classes)\n",
+        also=[
+            dict(
+                file=UNUSED,
+                old="        return self.body(x)\n",
+                new="        return self.body(x) + 0.0 * self.aux(x.new_zeros(len(x), 2 * 32))\n",
+            )
+        ],  # fmt: skip
+        caught_by="every_parameter",
+        says=("zero gradient",),
+    ),
     # --- hang.py ---
     dict(
         name="hang_own_shard_count",
@@ -88,6 +105,15 @@ MUTANTS = [
         why="the collective the odd rank is in (its next one), not the one it missed",
         old="    return odd[0], OP_NAMES.get(common, common.lower())\n",
         new="    return odd[0], OP_NAMES.get(own[odd[0]], own[odd[0]].lower())\n",
+        caught_by="diagnosis",
+    ),
+    dict(
+        name="diagnose_odd_rank_is_in_the_barrier",
+        file=HANG,
+        why="the rank out of step taken to be the one waiting in a barrier: true only when "
+        "it skipped the last collective before one",
+        old="    odd = [rank for rank, op in own.items() if op != common]\n",
+        new='    odd = [rank for rank, op in own.items() if op == "BARRIER"]\n',
         caught_by="diagnosis",
     ),
     # --- rendezvous.py ---
