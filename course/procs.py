@@ -327,13 +327,23 @@ class Cancel:
     so that the lesson's other tests fail in a second instead of each waiting out its
     deadline."""
 
-    def __init__(self):
+    def __init__(self, broken: dict[str, str] | None = None):
         self.event = threading.Event()
         self.reason = ""
+        # Files of a lesson of several known broken ({path: why}): a launch that names one
+        # is not started, whatever test asks for it (a launch shared by the lesson's
+        # exercises among them), while the others run.
+        self.broken = dict(broken or {})
 
     def set(self, reason: str) -> None:
         self.reason = reason
         self.event.set()
+
+    def refuses(self, args) -> str | None:
+        """Why a launch of `args` must not start, or None."""
+        if self.event.is_set():
+            return self.reason
+        return next((self.broken[str(a)] for a in args if str(a) in self.broken), None)
 
 
 # The Cancel of the test running now in this process (tests run one at a time per
@@ -369,8 +379,8 @@ def run(
     a loaded machine's slow start does not eat into. `timeout` still bounds the whole."""
     timeout = timeout * timeout_scale()
     cancel = current_cancel if cancellable else None
-    if cancel is not None and cancel.event.is_set():
-        return _not_launched(args, timeout, cancel.reason)
+    if cancel is not None and cancel.refuses(args):
+        return _not_launched(args, timeout, cancel.refuses(args))
     extra = dict(env or {})
     extra.setdefault("COURSE_PG_TIMEOUT", f"{max(5.0, timeout * PG_TIMEOUT_SHARE):.0f}")
     if log_dir is not None:

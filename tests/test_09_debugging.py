@@ -212,6 +212,7 @@ def test_oom_on_a_gpu_the_allocator_holds_less(impl, tmp_path):
 # --- exercise 2: unused parameters -------------------------------------------------------
 
 
+@pytest.mark.exercise("unused.py")
 @pytest.mark.points(1)
 def test_unused_script_runs_with_its_flags(impl, tmp_path):
     """`unused.py --nproc 3 --steps 2 --batch-size 24` runs its 2 steps, each on 24 images a
@@ -228,6 +229,7 @@ def test_unused_script_runs_with_its_flags(impl, tmp_path):
     )
 
 
+@pytest.mark.exercise("unused.py")
 @pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.needs("unused_gradients")
@@ -252,6 +254,7 @@ def test_unused_every_parameter_of_the_model_gets_a_gradient(calls):
     )
 
 
+@pytest.mark.exercise("unused.py")
 @pytest.mark.core
 @pytest.mark.points(1)
 @pytest.mark.needs("unused_ddp")
@@ -266,6 +269,7 @@ def test_unused_ddp_training_runs_to_identical_replicas(calls):
 # --- exercise 3: a hang -----------------------------------------------------------------
 
 
+@pytest.mark.exercise("hang.py")
 @pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.needs("hang_fixed")
@@ -296,6 +300,7 @@ def test_hang_every_rank_takes_the_same_steps(calls):
     assert not bad, f"not finite after training: {bad[:3]} (a step on an empty batch?)"
 
 
+@pytest.mark.exercise("hang.py")
 @pytest.mark.core
 @pytest.mark.points(3)
 @pytest.mark.needs("hang_diagnosis")
@@ -355,6 +360,7 @@ def hang_scripts(impl, tmp_path_factory):
     return shared(_hang_scripts, str(impl), launch)
 
 
+@pytest.mark.exercise("hang.py")
 @pytest.mark.points(1)
 def test_hang_script_runs_with_its_flags(hang_scripts):
     """`hang.py --nproc 5 --timeout 5` ends, each of its 5 ranks after the same number of
@@ -379,6 +385,7 @@ def test_hang_script_runs_with_its_flags(hang_scripts):
     )
 
 
+@pytest.mark.exercise("hang.py")
 @pytest.mark.points(1)
 def test_hang_script_diagnose_flag_names_a_planted_mismatch(hang_scripts):
     """`hang.py --diagnose --timeout 5`, with one rank's first all_reduce (the rank drawn
@@ -516,6 +523,7 @@ def fails_fast_in_one_line(result, setting: str) -> str:
     return lines[-1]  # the message: what the process said last
 
 
+@pytest.mark.exercise("rendezvous.py")
 @pytest.mark.points(1)
 @pytest.mark.needs("good")
 def test_rendezvous_right_settings_join_and_all_reduce(rendezvous, backend):
@@ -526,6 +534,7 @@ def test_rendezvous_right_settings_join_and_all_reduce(rendezvous, backend):
         assert "all_reduce of ones gave 2" in result.output, f"rank {rank}: {result.output}"
 
 
+@pytest.mark.exercise("rendezvous.py")
 @pytest.mark.core
 @pytest.mark.points(1)
 @pytest.mark.needs("refused")
@@ -538,6 +547,7 @@ def test_rendezvous_nobody_at_the_address_fails_fast(rendezvous_store):
     assert "127.0.0.1" in line and port in line, f"name 127.0.0.1 and port {port}: {line}"
 
 
+@pytest.mark.exercise("rendezvous.py")
 @pytest.mark.core
 @pytest.mark.points(1)
 @pytest.mark.needs("in_use")
@@ -551,6 +561,7 @@ def test_rendezvous_port_in_use_fails_fast(rendezvous_store):
     )
 
 
+@pytest.mark.exercise("rendezvous.py")
 @pytest.mark.core
 @pytest.mark.points(1)
 @pytest.mark.needs("world")
@@ -569,6 +580,7 @@ def test_rendezvous_mismatched_world_sizes_fail_fast(rendezvous_store):
     )
 
 
+@pytest.mark.exercise("rendezvous.py")
 @pytest.mark.core
 @pytest.mark.points(1)
 @pytest.mark.gpus(1)
@@ -581,6 +593,7 @@ def test_rendezvous_missing_interface_fails_fast(rendezvous, backend):
     assert variable in line and "nope0" in line, f"name {variable} and nope0: {line}"
 
 
+@pytest.mark.exercise("rendezvous.py")
 @pytest.mark.points(1)
 @pytest.mark.needs("give_up")
 def test_rendezvous_safety_net_fires_at_give_up(rendezvous_store):
@@ -657,6 +670,7 @@ def losses(result) -> list[float]:
     return [float(x) for x in re.findall(r"epoch \d+: loss ([\d.]+)", result.output)]
 
 
+@pytest.mark.exercise("starved.py")
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_starved_workers_cut_the_data_wait(starved):
@@ -700,6 +714,7 @@ def reference_starved_losses(epochs: int = 2, batch_size: int = 32) -> list[floa
     return found
 
 
+@pytest.mark.exercise("starved.py")
 @pytest.mark.points(1)
 def test_starved_workers_alter_when_batches_arrive_not_which(starved):
     """(Not a core test: the starter passes it.) With 0 workers and with 4, every epoch
@@ -726,6 +741,7 @@ def silent_ranks(calls):
     return calls("silent")["ranks"]
 
 
+@pytest.mark.exercise("silent.py")
 @pytest.mark.core
 @pytest.mark.points(1)
 @pytest.mark.needs("silent")
@@ -743,6 +759,7 @@ def test_silent_every_epoch_is_shuffled_anew(calls):
             )
 
 
+@pytest.mark.exercise("silent.py")
 @pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.needs("silent")
@@ -769,6 +786,7 @@ def test_silent_rank_0_alone_saves_weights_a_plain_model_loads(calls):
     assert worst == 0, f"weights.pt's {where} differs from the trained model's by {worst:.2e}"
 
 
+@pytest.mark.exercise("silent.py")
 @pytest.mark.core
 @pytest.mark.points(1)
 @pytest.mark.needs("silent")
@@ -782,6 +800,7 @@ def test_silent_accuracy_counts_every_rank(calls):
     )
 
 
+@pytest.mark.exercise("silent.py")
 @pytest.mark.core
 @pytest.mark.points(1)
 @pytest.mark.needs("silent")
@@ -799,6 +818,7 @@ def test_silent_augmentation_differs_between_ranks_and_repeats(calls):
     )
 
 
+@pytest.mark.exercise("silent.py")
 @pytest.mark.core
 @pytest.mark.points(1)
 @pytest.mark.needs("silent")
@@ -833,6 +853,7 @@ def test_silent_ddp_step_equals_one_process_on_the_global_batch(calls):
     )
 
 
+@pytest.mark.exercise("silent.py")
 @pytest.mark.points(1)
 def test_silent_script_saves_in_its_folder(impl, tmp_path):
     """`silent.py --folder F` saves rank 0's weights in F/rank0/weights.pt, none in

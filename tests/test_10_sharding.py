@@ -381,6 +381,7 @@ def steps(notes: dict, dtype: str = "fp32", rank: int = 0) -> list[dict]:
     return notes[str(rank)][dtype]["steps"]
 
 
+@pytest.mark.exercise("fsdp.py")
 @pytest.mark.core
 @pytest.mark.points(3)
 def test_minifsdp_trains_like_one_process_on_the_whole_batch(fsdp):
@@ -413,6 +414,7 @@ def test_minifsdp_trains_like_one_process_on_the_whole_batch(fsdp):
         )
 
 
+@pytest.mark.exercise("fsdp.py")
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_bf16_and_fp16_communicate_and_compute_in_that_dtype(fsdp):
@@ -449,6 +451,7 @@ GATHER_OPS = ("all_gather_into_tensor", "all_gather", "all_gather_single", "_all
 SCATTER_OPS = ("reduce_scatter_tensor", "reduce_scatter", "reduce_scatter_single")
 
 
+@pytest.mark.exercise("fsdp.py")
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_each_rank_holds_half_the_parameters_and_gradients(fsdp):
@@ -480,6 +483,7 @@ def test_each_rank_holds_half_the_parameters_and_gradients(fsdp):
         )
 
 
+@pytest.mark.exercise("fsdp.py")
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_backward_gathers_again_and_reduce_scatters_gradients(fsdp):
@@ -513,6 +517,7 @@ def test_backward_gathers_again_and_reduce_scatters_gradients(fsdp):
         )
 
 
+@pytest.mark.exercise("fsdp.py")
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_the_next_layers_gather_travels_while_a_layer_computes(fsdp):
@@ -538,6 +543,7 @@ def test_the_next_layers_gather_travels_while_a_layer_computes(fsdp):
         )
 
 
+@pytest.mark.exercise("fsdp.py")
 @pytest.mark.gpus(2)
 def test_minifsdp_on_nccl_trains_like_one_process(impl, tmp_path_factory):
     """The same case with nccl on 2 GPUs: the fp32 weights as on gloo, bf16 gathers, half
@@ -555,6 +561,7 @@ def test_minifsdp_on_nccl_trains_like_one_process(impl, tmp_path_factory):
         test(got)
 
 
+@pytest.mark.exercise("fsdp.py")
 @pytest.mark.points(1)
 def test_the_fsdp_script_learns_in_bf16_with_half_the_bytes(runs):
     """fsdp.py --compute-dtype bf16 --dim 48 --depth 1 --steps 40 --seed 1 on 2 gloo ranks:
@@ -650,6 +657,7 @@ def shard_notes(fsdp2, setting: str, rank: int = 0) -> dict:
     return fsdp2("shard")["notes"][str(rank)][setting]
 
 
+@pytest.mark.exercise("fsdp2.py")
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_fsdp2_shards_every_block_then_the_root(fsdp2):
@@ -670,6 +678,7 @@ def test_fsdp2_shards_every_block_then_the_root(fsdp2):
         )
 
 
+@pytest.mark.exercise("fsdp2.py")
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_fsdp2_gathers_and_computes_in_bf16_and_reduces_in_fp32(fsdp2):
@@ -696,6 +705,7 @@ def test_fsdp2_gathers_and_computes_in_bf16_and_reduces_in_fp32(fsdp2):
         )
 
 
+@pytest.mark.exercise("fsdp2.py")
 @pytest.mark.core
 @pytest.mark.points(1)
 def test_fsdp2_reshards_after_forward_only_when_asked(fsdp2):
@@ -712,6 +722,7 @@ def test_fsdp2_reshards_after_forward_only_when_asked(fsdp2):
         )
 
 
+@pytest.mark.exercise("fsdp2.py")
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_fsdp2_trains_like_one_process_on_the_whole_batch(fsdp2):
@@ -728,6 +739,7 @@ def test_fsdp2_trains_like_one_process_on_the_whole_batch(fsdp2):
         )
 
 
+@pytest.mark.exercise("fsdp2.py")
 @pytest.mark.core
 @pytest.mark.points(3)
 def test_a_checkpoint_from_2_ranks_resumes_on_3_and_on_1(fsdp2):
@@ -770,6 +782,7 @@ def test_a_checkpoint_from_2_ranks_resumes_on_3_and_on_1(fsdp2):
         )
 
 
+@pytest.mark.exercise("fsdp2.py")
 @pytest.mark.core
 @pytest.mark.points(1)
 def test_a_save_cut_short_leaves_the_last_checkpoint(fsdp2):
@@ -806,6 +819,7 @@ FSDP2_RESUME = ["--nproc", "1", "--steps", "30"]
 FSDP2_HEADER = re.compile(r"(\d+) ranks, logits in (\S+); after forward (\d+) of (\d+) block")
 
 
+@pytest.mark.exercise("fsdp2.py")
 @pytest.mark.points(2)
 def test_the_fsdp2_script_saves_on_2_ranks_and_resumes_on_1(runs):
     """fsdp2.py --nproc 2 --compute-dtype bf16 --no-reshard-after-forward --steps 20

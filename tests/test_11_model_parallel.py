@@ -509,6 +509,7 @@ def _tp_exact(found_tensors, tp_reference, what: str) -> None:
         )
 
 
+@pytest.mark.exercise("tensor.py")
 @pytest.mark.core
 @pytest.mark.points(3)
 def test_the_split_mlp_computes_what_the_whole_block_computes(impl, tmp_path_factory, tp_reference):
@@ -518,6 +519,7 @@ def test_the_split_mlp_computes_what_the_whole_block_computes(impl, tmp_path_fac
     _tp_exact(_tp(impl, tmp_path_factory, "by_hand"), tp_reference, "ParallelBlock")
 
 
+@pytest.mark.exercise("tensor.py")
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_one_all_reduce_in_forward_and_one_in_backward(impl, tmp_path_factory):
@@ -536,6 +538,7 @@ def test_one_all_reduce_in_forward_and_one_in_backward(impl, tmp_path_factory):
         )
 
 
+@pytest.mark.exercise("tensor.py")
 @pytest.mark.points(2)
 def test_dtensor_split_computes_the_same(impl, tmp_path_factory, tp_reference):
     """parallelize() on a 1-D mesh of 2 CPU ranks: the same output, input gradient and
@@ -546,6 +549,7 @@ def test_dtensor_split_computes_the_same(impl, tmp_path_factory, tp_reference):
 HOLDS = re.compile(r"rank 0 holds ([\d,]+) parameter bytes of ([\d,]+)")
 
 
+@pytest.mark.exercise("tensor.py")
 @pytest.mark.points(1)
 def test_the_tensor_parallel_script_learns_holding_less(runs, script_reference):
     """tensor.py --split dtensor --data-parallel 2 on 4 gloo ranks (a 2 x 2 mesh: two

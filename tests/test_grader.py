@@ -9,10 +9,12 @@ the full suite runs them, the quick loop (`-m "not mutation"`) does not.
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -136,7 +138,7 @@ def test_a_submission_broken_at_import_fails_its_lesson_at_once(grader, tmp_path
     """Lesson 03 whose file hangs (or raises) at import: every test of the lesson fails with
     the same one line, as soon as the grader's import check knows, instead of each test
     waiting out its own deadline (the launches alone wait 120 s)."""
-    from course.grader.plugin import IMPORT_DEADLINE_S
+    from course.grader.imports import IMPORT_DEADLINE_S
 
     submission = tmp_path / "submission"
     shutil.copytree(REPO_ROOT / "solutions" / "03_ddp_spawn", submission / "03_ddp_spawn")
@@ -155,6 +157,66 @@ def test_a_submission_broken_at_import_fails_its_lesson_at_once(grader, tmp_path
         f"the lesson took {run.seconds:.0f} s to grade; a broken import should end it within "
         f"{limit:.0f} s (each launch alone waits up to 120 s)"
     )
+
+
+def _reading(test_file, exercise: str) -> set[str]:
+    """The tests of `test_file` marked @pytest.mark.exercise(`exercise`)."""
+    names = set()
+    for node in ast.parse(test_file.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and any(
+            isinstance(d, ast.Call) and ast.unparse(d.func) == "pytest.mark.exercise"
+            and exercise in [a.value for a in d.args] for d in node.decorator_list
+        ):  # fmt: skip
+            names.add(node.name)
+    return names
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize(
+    "number, exercise, top, words",
+    [
+        (
+            "09",
+            "hang.py",
+            "import time\ntime.sleep(10**6)  # waits at import\n",
+            "importing lesson 09's hang.py did not finish within",
+        ),
+        (
+            "11",
+            "tensor.py",
+            "import not_a_module_of_the_course\n",
+            "lesson 11's tensor.py fails at import at tensor.py:",
+        ),
+    ],  # fmt: skip
+    ids=["09-hang.py-hangs", "11-tensor.py-raises"],
+)
+def test_a_broken_exercise_file_fails_its_own_tests_alone(grader, tmp_path, number, exercise,
+                                                          top, words):  # fmt: skip
+    """A lesson of several files, one of them broken at import (not the first): the tests
+    of that file fail with one line that names it, within the import deadline, and every
+    other test of the lesson passes (a case child or a launch shared with it included)."""
+    from course.grader.imports import IMPORT_DEADLINE_S
+
+    lesson = lessons.get(number)
+    submission = tmp_path / "submission"
+    shutil.copytree(REPO_ROOT / "solutions" / lesson.slug, submission / lesson.slug)
+    script = submission / lesson.slug / exercise
+    source = script.read_text()
+    assert "\nimport torch\n" in source
+    script.write_text(source.replace("\nimport torch\n", f"\n{top}import torch\n", 1))
+    (test_file,) = lesson_test_files(lesson)
+    start = time.monotonic()
+    results, run = grade(grader, tmp_path, [test_file], f"--impl={submission}")
+    seconds = time.monotonic() - start
+    graded = [t for t in results["tests"] if t["status"] != "skipped"]
+    failed = {t["name"].split("::")[-1].split("[")[0] for t in graded if t["status"] == "failed"}
+    assert failed == _reading(test_file, exercise), (
+        f"failed: {sorted(failed)}; expected exactly the tests of {exercise}\n{run.describe(30)}"
+    )
+    reasons = {t["output"].strip() for t in graded if t["status"] == "failed"}
+    assert len(reasons) == 1 and words in reasons.pop(), f"expected one shared line: {reasons}"
+    limit = (IMPORT_DEADLINE_S + 90) * procs.timeout_scale()  # the check, and the lesson
+    assert seconds < limit, f"the lesson took {seconds:.0f} s to grade, more than {limit:.0f} s"
 
 
 def test_a_killed_grading_leaves_a_zero_score_file(grader, tmp_path):

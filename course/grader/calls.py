@@ -485,7 +485,7 @@ def run_cases(
     out = Path(folder) / "cases-out"
     env = {ONLY_ENV: ",".join(only)} if only is not None else None
     cancel = procs.current_cancel  # the lesson's file is known broken: launch nothing
-    if _fork_cases() and not (cancel is not None and cancel.event.is_set()):
+    if _fork_cases() and not (cancel is not None and cancel.refuses([lesson_file])):
         # A fork of this process, which has imported torch and the course: 2-3 s of CPU
         # less than a new interpreter, for every case script of every grade.
         child = functools.partial(_case_child, script, lesson_file, out, env)

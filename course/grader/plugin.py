@@ -26,11 +26,8 @@ course/grader/rules.py.
 
 from __future__ import annotations
 
-import functools
 import os
-import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +36,8 @@ import pytest
 import course
 from course import atomic, procs
 from course import lessons as registry
-from course.grader import calls, draws, rules, submission
+from course.grader import calls, draws, rules
+from course.grader.imports import ImportProbe
 from course.grader.rules import LESSON_PROPERTY, MARKERS_PROPERTY, POINTS_PROPERTY, lesson_of
 
 NOT_FINISHED = "did not finish: the test process crashed or was stopped"
@@ -132,94 +130,10 @@ def call_lesson(
     return LessonCalls(calls.run_cases(cases, path, folder, only=only), path)
 
 
-# --- a submission that hangs or fails at import: every test of its lesson fails at once ---
-
-# Importing a lesson file (torch included) took at most 2.2 s on an idle 2-core machine
-# and 6.0 s with four busy loops sharing its two cores (every solution, measured
-# 2026-12-01); 30 s is five times the loaded figure, and stretches with
-# COURSE_TIMEOUT_SCALE. A hanging import therefore fails its lesson in about 30 s, where
-# each test used to wait out its own deadline (217 s for lesson 03). The check costs one
-# import (2 s) per lesson and grading session.
-IMPORT_DEADLINE_S = 30
-_IMPORT = """
-import importlib.util, os, sys
-path = sys.argv[1]
-sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-spec = importlib.util.spec_from_file_location("submission", path)
-module = importlib.util.module_from_spec(spec)
-sys.modules["submission"] = module
-spec.loader.exec_module(module)
-"""
-
-
-def _import_file(path: Path) -> None:
-    """_IMPORT, in a forked child of the grader (procs.forked)."""
-    sys.argv = ["-c", str(path)]  # as `python -c _IMPORT path` sees them
-    exec(compile(_IMPORT, "<import probe>", "exec"), {"__name__": "__main__"})
-
-
-_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b:?.*)$")
-
-
-class ImportProbe:
-    """Imports the lesson's file, as a module, in a child, before the lesson's first test.
-
-    If the import does not finish within IMPORT_DEADLINE_S, or raises, the lesson's
-    Cancel is set: its launches never start (course/procs.py) and every test of the
-    lesson fails at once with the same one line. A submission that imports is left
-    alone: a later hang is that test's own failure.
-
-    It runs before the test, not beside it: a submission that kills its parent at import
-    (tests/test_integrity.py) would otherwise kill the grader while the test's own
-    launches still start, and those, orphaned, would be handed to the process above."""
-
-    def __init__(self, number: str, path: Path):
-        self.number, self.path = number, path
-        self.cancel = procs.Cancel()
-        self._run()
-
-    def _run(self) -> None:
-        try:
-            submission.check_script(self.path)  # parses only, runs nothing
-        except submission.LessonError as err:
-            self.cancel.set(str(err))  # the same line the tests give a file that won't parse
-            return
-        with tempfile.TemporaryDirectory(prefix="course-import-") as folder:
-            if procs.can_fork():  # a fork of this process has torch imported already
-                result = procs.forked(
-                    functools.partial(_import_file, self.path),
-                    args=["import", str(self.path)],
-                    timeout=IMPORT_DEADLINE_S,
-                    cwd=folder,
-                )
-            else:  # an xdist worker (threads) or a grader that switches user
-                result = procs.python(
-                    "-c",
-                    _IMPORT,
-                    self.path,
-                    timeout=IMPORT_DEADLINE_S,
-                    cwd=folder,
-                    cancellable=False,
-                )
-        name = f"lesson {self.number}'s {self.path.name}"
-        if result.timed_out:
-            self.cancel.set(
-                f"importing {name} did not finish within {result.timeout:.0f} s: code at the "
-                "top level of the file waits (a loop, a sleep, input(), a collective or a join "
-                "outside main()), so this lesson's tests fail without running"
-            )
-        elif result.returncode != 0:
-            lines = [line for line in result.output.splitlines() if line.strip()]
-            error = next((m.group(1) for ln in reversed(lines) if (m := _RAISED.match(ln))), None)
-            frame = rf'File "[^"]*{re.escape(self.path.name)}", line (\d+)'
-            where = re.findall(frame, result.output)
-            at = f" at {self.path.name}:{where[-1]}" if where else ""
-            self.cancel.set(
-                f"{name} fails at import{at}: {error or (lines[-1] if lines else 'no output')}"
-            )
-
+# --- a submission that hangs or fails at import: its tests fail at once (imports.py) ---
 
 _probes: dict[str, ImportProbe] = {}
+_CANCEL = pytest.StashKey()  # each test's Cancel
 
 
 def _probe_for(item) -> ImportProbe | None:
@@ -228,27 +142,36 @@ def _probe_for(item) -> ImportProbe | None:
         return None
     if number not in _probes:
         try:
-            path = registry.get(number).path(item.config.course_impl)
+            lesson = registry.get(number)
         except LookupError:
             return None
+        path = lesson.path(item.config.course_impl)
         if not path.is_file():
             return None  # the tests say so in their own words
-        _probes[number] = ImportProbe(number, path)
+        files = [path, *(path.with_name(e) for e in lesson.exercises if e != lesson.script)]
+        _probes[number] = ImportProbe(number, files)
     return _probes[number]
+
+
+def exercises_of(item) -> tuple[str, ...]:
+    """The files besides the main one a test reads: @pytest.mark.exercise("hang.py")."""
+    marker = item.get_closest_marker("exercise")
+    return tuple(marker.args) if marker is not None else ()
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     probe = _probe_for(item)
-    procs.current_cancel = probe.cancel if probe is not None else None
+    item.stash[_CANCEL] = probe.cancel_for(exercises_of(item)) if probe is not None else None
+    procs.current_cancel = item.stash[_CANCEL]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item):
     # After setup, so that a test the machine cannot run (no GPUs) is still skipped.
-    probe = _probes.get(lesson_of(item.path) or "")
-    if probe is not None and probe.cancel.event.is_set():
-        pytest.fail(probe.cancel.reason, pytrace=False)
+    cancel = item.stash.get(_CANCEL, None)
+    if cancel is not None and cancel.event.is_set():
+        pytest.fail(cancel.reason, pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -270,6 +193,9 @@ def needed(request, every) -> list[str]:
             continue
         if request.fixturename not in getattr(item, "fixturenames", ()):
             continue
+        probe = _probe_for(item)
+        if probe is not None and probe.cancel_for(exercises_of(item)).event.is_set():
+            continue  # its file is broken: it fails at once, and a case of it could hang
         marker = item.get_closest_marker("needs")
         params = getattr(getattr(item, "callspec", None), "params", {})
         # A name may use the test's parameters: needs("ring_{world}").
@@ -381,10 +307,10 @@ def pytest_runtest_makereport(item, call):
             "a test must call student code in a child process (course/grader/calls.py)"
         )
         return
-    # A submission known broken: the same one line for every test of its lesson.
-    probe = _probes.get(lesson_of(item.path) or "")
-    if report.failed and probe is not None and probe.cancel.event.is_set():
-        report.longrepr = probe.cancel.reason
+    # A file known broken: the same one line for every test that reads it.
+    cancel = item.stash.get(_CANCEL, None)
+    if report.failed and cancel is not None and cancel.event.is_set():
+        report.longrepr = cancel.reason
         return
     # An unsolved TODO is not a bug to debug: say which TODO in one line.
     if call.excinfo is not None and call.excinfo.errisinstance(NotImplementedError):
