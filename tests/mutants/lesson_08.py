@@ -67,6 +67,15 @@ MUTANTS = [
         caught_by="train_one_epoch_accumulates",
     ),
     dict(
+        name="short_group_never_steps",
+        why="the step only after a full group of accumulate micro-batches: the ones left at "
+        "the epoch's end are all-reduced and never stepped (their gradient leaks into the "
+        "next epoch's first step)",
+        old="        if last:\n            scaler.step(optimizer)",
+        new="        if (i + 1) % args.accumulate == 0:\n            scaler.step(optimizer)",
+        caught_by="train_one_epoch_accumulates",
+    ),
+    dict(
         name="bucket_cap_ignored",
         why="--bucket-cap-mb never reaches DDP: every run uses 25 MB buckets",
         old=_OPTIONS,
