@@ -21,7 +21,8 @@ from course import checkpoint, data, lessons, models, procs
 from course.grader import judge
 from course.grader.plugin import call_lesson
 from course.grader.tolerances import seed, tolerance
-from course.probes import batch_log
+from course.probes import batch_log, write_log
+from course.probes.write_log import WRITE_LOG_ENV
 
 LESSON = lessons.get("01")
 CASES = Path(__file__).with_name("cases") / "lesson_01.py"
@@ -60,11 +61,12 @@ def train(impl, cases_folder):
     return call_lesson(impl, LESSON, CASES, cases_folder)
 
 
-def run_once(impl, folder, *args, timeout=90):
+def run_once(impl, folder, *args, timeout=90, env=None):
     """Run the lesson script in `folder`; fail every test that uses it if it fails."""
     return procs.run(
-        [sys.executable, str(LESSON.path(impl)), *map(str, args)], timeout=timeout, cwd=folder
-    )
+        [sys.executable, str(LESSON.path(impl)), *map(str, args)],
+        timeout=timeout, cwd=folder, env=env,
+    )  # fmt: skip
 
 
 def ok(result):
@@ -75,10 +77,13 @@ def ok(result):
 
 @pytest.fixture(scope="module")
 def digits_run(impl, tmp_path_factory):
-    """The default run, on the CPU, with a metrics file and a checkpoint."""
+    """The default run, on the CPU, with a metrics file and a checkpoint; how each file was
+    put in place is logged from inside it (course/probes/write_log.py) to writes.log, kept
+    out of the run's folder."""
     folder = tmp_path_factory.mktemp("digits")
     args = ["--device", "cpu", "--epochs", "3", "--quiet", "--metrics-out", "metrics.json"]
-    result = run_once(impl, folder, *args, "--checkpoint", "ckpt.pt", "--seed", RUN_SEED)
+    log = {WRITE_LOG_ENV: str(folder.with_name(folder.name + ".writes.log"))}
+    result = run_once(impl, folder, *args, "--checkpoint", "ckpt.pt", "--seed", RUN_SEED, env=log)
     return result, folder
 
 
@@ -144,7 +149,8 @@ def test_default_run_learns_digits_on_cpu(digits_run):
 @pytest.mark.points(2)
 def test_metrics_json_shape(digits_run):
     """metrics.json has the run's keys and epochs, and reports the accuracy the grader measures
-    on the saved weights."""
+    on the saved weights, finally and after the last epoch, with the test loss the grader
+    measures: each number from the split it names."""
     metrics = metrics_of(digits_run)
     assert {"device", "epochs", "final_accuracy", "steps", "images_per_second"} <= set(metrics)
     accuracy = judged_accuracy(digits_run[1])
@@ -152,6 +158,8 @@ def test_metrics_json_shape(digits_run):
         f"metrics.json says final_accuracy {metrics['final_accuracy']}, but the saved model "
         f"scores {accuracy:.4f} when the grader evaluates it: the file must report the run"
     )
+    misreported = judge.last_epoch_misreported(metrics, digits_run[1] / "ckpt.pt")
+    assert not misreported, misreported
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3]
     for epoch in metrics["epochs"]:
         assert {"train_loss", "test_loss", "test_accuracy", "images_per_second"} <= set(epoch)
@@ -197,13 +205,20 @@ def load_checkpoint(path, what):
 
 @pytest.mark.core
 @pytest.mark.points(2)
-def test_checkpoint_is_complete_and_written_atomically(resume_runs):
+def test_checkpoint_is_complete_and_written_atomically(resume_runs, digits_run):
     """The checkpoint holds model, optimizer, epoch, step and RNG state, loads into a fresh
-    model, and leaves no temporary file."""
+    model, and leaves no temporary file; in the default run (3 epochs), each epoch's
+    checkpoint replaces the last in one step (a finished file renamed onto it): the file is
+    never opened for writing while it holds the previous epoch, nor removed."""
     straight, _, _ = resume_runs
     state = load_checkpoint(straight / "last.pt", "after `--epochs 2 --checkpoint last.pt`")
     files = sorted(p.name for p in straight.iterdir())
     assert files == ["last.pt"], f"temporary files left next to the checkpoint: {files}"
+    ok(digits_run[0])
+    folder = digits_run[1]
+    log = folder.with_name(folder.name + ".writes.log")
+    problem = write_log.not_replaced_atomically(log, folder, "ckpt.pt", times=3)
+    assert not problem, f"`--epochs 3 --checkpoint ckpt.pt`: {problem}"
     missing = CHECKPOINT_KEYS - set(state)
     assert not missing, f"the checkpoint lacks {sorted(missing)}; checkpoint_state() makes it"
     assert (state["epoch"], state["step"]) == (2, 24), (

@@ -41,9 +41,10 @@ from course import checkpoint, lessons, procs
 from course.grader import judge
 from course.grader.plugin import call_lesson, needed
 from course.grader.tolerances import seed, tolerance
-from course.probes import ddp_log, weight_log
+from course.probes import ddp_log, weight_log, write_log
 from course.probes.ddp_log import LOG_ENV as DDP_ENV
 from course.probes.weight_log import LOG_ENV as REPLICA_ENV
+from course.probes.write_log import WRITE_LOG_ENV
 
 LESSON = lessons.get("08")
 STEPS, MICRO, K, WORLD = 20, 8, 4, 2  # `acc`: 20 steps of 4 x 8 images per rank
@@ -78,7 +79,11 @@ def launch(impl, folder, *args, backend):
         timeout=120,
         cwd=folder,
         log_dir=folder / "ranks",
-        env={DDP_ENV: str(folder / "ddp"), REPLICA_ENV: str(folder / "replicas")},
+        env={
+            DDP_ENV: str(folder / "ddp"),
+            REPLICA_ENV: str(folder / "replicas"),
+            WRITE_LOG_ENV: str(folder / "ddp" / "writes.log"),  # how ckpt.pt is put in place
+        },  # fmt: skip
     )
 
 
@@ -224,13 +229,23 @@ def test_replicas_stay_identical_while_accumulating(runs, backend):
 @pytest.mark.points(1)
 @pytest.mark.needs("learn")
 def test_fp16_run_learns_the_digits(runs, backend):
-    """2 ranks x batch 32, 2 epochs of the default model in fp16 with GradScaler: 80 %."""
+    """2 ranks x batch 32, 2 epochs of the default model in fp16 with GradScaler: 80 %;
+    metrics.json reports the test split's numbers the grader measures on the saved
+    weights, finally and after the last epoch; and each epoch's checkpoint replaced the
+    last in one step, never written over it."""
     accuracy = learned(runs)
-    metrics = json.loads((finished(runs, "learn") / "metrics.json").read_text())
+    folder = finished(runs, "learn")
+    metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["final_accuracy"] == pytest.approx(accuracy, abs=1e-4), (
         f"metrics.json says final_accuracy {metrics['final_accuracy']:.4f}; the grader's "
         f"evaluation of the saved checkpoint gives {accuracy:.4f}"
     )
+    misreported = judge.last_epoch_misreported(metrics, folder / "ckpt.pt")
+    assert not misreported, misreported
+    problem = write_log.not_replaced_atomically(
+        folder / "ddp" / "writes.log", folder, "ckpt.pt", times=2
+    )
+    assert not problem, f"`--epochs 2 --checkpoint ckpt.pt`: {problem}"
     batch = WORLD * LEARN_BATCH
     assert metrics["global_batch_size"] == batch, (
         f"the global batch is ranks x micro-batches x batch = {batch}; metrics.json says "

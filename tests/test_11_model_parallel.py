@@ -407,13 +407,6 @@ def test_the_scripts_own_schedule_pipelines_over_more_stages(runs, script_refere
     what = "pipeline.py " + " ".join(hand_flags(run)) + " (drawn from the grading seed)"
     out = _output(runs, "hand")
     _learns(out, script_reference["hand"], what)
-    alive = {int(r): (int(a), int(t)) for r, a, t in ALIVE.findall(out)}
-    want = {r: (micro if schedule == "gpipe" else min(p - r, micro), micro) for r in range(p)}
-    assert alive == want, (
-        f"{what}: (activations alive at most, micro-batches) by stage: {alive}; expected "
-        f"{want}" + ("" if sorted(alive) == list(range(p)) else
-                     f" (a line from each of the {p} stages)")
-    )  # fmt: skip
     sent = comm_log.read(runs["hand-messages"])
     size = 32 // micro * 16 * 64 * 4  # one micro-batch's activation: rows x 16 tokens x 64
     for rank in range(p):
@@ -436,6 +429,13 @@ def test_the_scripts_own_schedule_pipelines_over_more_stages(runs, script_refere
             f"{want}" + ("" if messages else ". None at all: every rank ran the whole model "
                          "itself, or another way than torch.distributed's messages")
         )  # fmt: skip
+    alive = {int(r): (int(a), int(t)) for r, a, t in ALIVE.findall(out)}
+    want = {r: (micro if schedule == "gpipe" else min(p - r, micro), micro) for r in range(p)}
+    assert alive == want, (
+        f"{what}: (activations alive at most, micro-batches) by stage: {alive}; expected "
+        f"{want}" + ("" if sorted(alive) == list(range(p)) else
+                     f" (a line from each of the {p} stages)")
+    )  # fmt: skip
 
 
 # --- part 2: tensor parallelism (tensor.py) ------------------------------------------

@@ -10,6 +10,7 @@ and data: forged numbers or untrained weights score nothing.
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 
 import torch
@@ -25,7 +26,34 @@ def digits_accuracy(path: str | Path, norm: str = "batch") -> float:
     stat = Path(path).stat() if Path(path).is_file() else None
     if stat is None:
         checkpoint.load(path)  # raises the one-line FileNotFoundError
-    return _accuracy(str(Path(path).resolve()), norm, stat.st_mtime_ns, stat.st_size)
+    return _scores(str(Path(path).resolve()), norm, stat.st_mtime_ns, stat.st_size)[1]
+
+
+def digits_test_loss(path: str | Path, norm: str = "batch") -> float:
+    """Mean cross-entropy over digits' test split of the weights at `path` (as
+    digits_accuracy, which checks the file)."""
+    digits_accuracy(path, norm)
+    stat = Path(path).stat()
+    return _scores(str(Path(path).resolve()), norm, stat.st_mtime_ns, stat.st_size)[0]
+
+
+def last_epoch_misreported(metrics: dict, path: str | Path) -> str:
+    """Empty when the last epoch's test_loss and test_accuracy in a run's metrics are those of
+    the weights saved after it (at `path`) on the test split, as evaluated here; else what
+    differs, in one sentence. The same weights on the same images differ only by the
+    order of float32 sums (~1e-7 relative), far inside the bounds below."""
+    epochs = metrics.get("epochs") or [{}]
+    said = (epochs[-1].get("test_loss"), epochs[-1].get("test_accuracy"))
+    loss, accuracy = digits_test_loss(path), digits_accuracy(path)
+    if all(isinstance(x, (int, float)) for x in said) and (
+        math.isclose(said[0], loss, rel_tol=1e-4) and abs(said[1] - accuracy) <= 1e-4
+    ):
+        return ""
+    return (
+        f"the last epoch's line of the metrics says (test_loss, test_accuracy) = {said}; the "
+        f"grader's evaluation of the weights saved after it, on the test split, gives "
+        f"({loss:.4f}, {accuracy:.4f}): the epoch reports other numbers than the test split's"
+    )
 
 
 def digits_test_size() -> int:
@@ -59,12 +87,15 @@ def _load(model, weights, path) -> None:
 
 @functools.cache
 @torch.no_grad()
-def _accuracy(path: str, norm: str, _mtime_ns: int, _size: int) -> float:
+def _scores(path: str, norm: str, _mtime_ns: int, _size: int) -> tuple[float, float]:
+    """(mean test loss, test accuracy) of the weights at `path`."""
     model = models.build_model("cnn", num_classes=10, in_channels=1, norm=norm)
     _load(model, _weights(path), path)
     model.eval()
     images, labels = _digits_test_set()
-    return (model(images).argmax(1) == labels).float().mean().item()
+    logits = model(images)
+    loss = torch.nn.functional.cross_entropy(logits, labels).item()
+    return loss, (logits.argmax(1) == labels).float().mean().item()
 
 
 def not_channels_last(weights: dict) -> list[str]:

@@ -6,6 +6,7 @@ in the test's own folder: the resume case writes its checkpoints there.
 
 from __future__ import annotations
 
+from pathlib import Path
 from unittest import mock
 
 import torch
@@ -104,6 +105,8 @@ def checkpoint_round_trip(lesson):
 def resume(lesson):
     """2 epochs straight; 1 epoch, then resumed for a 2nd, with the global RNG disturbed."""
     common = ["--device", "cpu", "--batch-size", "128", "--quiet"]
+    for folder in ("straight", "split"):  # course.checkpoint.save would make them; torch.save not
+        Path(folder).mkdir(exist_ok=True)
     lesson.main([*common, "--epochs", "2", "--checkpoint", "straight/last.pt"])
     lesson.main([*common, "--epochs", "1", "--checkpoint", "split/last.pt"])
     torch.manual_seed(1234)  # the resumed run must not depend on the global RNG
@@ -118,6 +121,7 @@ def reference_recipe(lesson):
     compares the weights."""
     argv = ["--device", "cpu", "--batch-size", "128", "--epochs", "2", "--max-steps", "12"]
     argv += ["--norm", "none", "--channels-last"]
+    Path("ref").mkdir(exist_ok=True)
     chosen = str(seed(3))  # a measurement of the bound runs other seeds (course tolerances)
     lesson.main([*argv, "--seed", chosen, "--lr", "0.1", "--quiet", "--checkpoint", "ref/last.pt"])
     return {}

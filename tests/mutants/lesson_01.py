@@ -62,6 +62,41 @@ MUTANTS = [
         new="",
         caught_by="round_trip or resume_is_bit_exact",
     ),
+    # Not TODOs, but what a student who rewrites the loop can get wrong (issue: three
+    # classes the budget cuts had let pass): a metric from another split, a checkpoint
+    # written over the last one.
+    dict(
+        name="epoch_metrics_from_the_training_split",
+        why="each epoch's test_loss and test_accuracy are evaluated on the training images",
+        old="        test_loss, accuracy = evaluate(model, test_loader, device)\n",
+        new="        test_loss, accuracy = evaluate(model, train_loader, device)\n",
+        caught_by="metrics_json_shape",
+        says=("other numbers than the test split's",),
+    ),
+    dict(
+        name="checkpoint_written_in_place",
+        why="torch.save straight onto --checkpoint: a crash mid-write destroys the last epoch",
+        old="            checkpoint.save(checkpoint_state(model, optimizer, epoch + 1, step), "
+        "args.checkpoint)\n",
+        new="            torch.save(checkpoint_state(model, optimizer, epoch + 1, step), "
+        "args.checkpoint)\n",
+        caught_by="written_atomically",
+        says=("'over'",),
+    ),
+    dict(
+        name="checkpoint_removed_then_written",
+        why="the old checkpoint is deleted before the new one is written: a crash between "
+        "the two leaves none",
+        old="            checkpoint.save(checkpoint_state(model, optimizer, epoch + 1, step), "
+        "args.checkpoint)\n",
+        new="            import os\n"
+        "            if os.path.exists(args.checkpoint):\n"
+        "                os.remove(args.checkpoint)\n"
+        "            checkpoint.save(checkpoint_state(model, optimizer, epoch + 1, step), "
+        "args.checkpoint)\n",
+        caught_by="written_atomically",
+        says=("'removed'",),
+    ),
     # Not a TODO: flags the grading runs away from their defaults, whose effect it must see.
     dict(
         name="seed_ignored",
@@ -92,5 +127,16 @@ ALTERNATIVES = [
         why="a training step without autocast's context, and evaluate from mean losses x sizes",
         old='total_loss += F.cross_entropy(logits, labels, reduction="sum").item()',
         new="total_loss += F.cross_entropy(logits, labels).item() * len(labels)",
+    ),
+    dict(
+        name="checkpoint_replaced_by_hand",
+        why="the checkpoint written to a temporary file by torch.save, then os.replace'd "
+        "onto the name, without course.checkpoint",
+        old="            checkpoint.save(checkpoint_state(model, optimizer, epoch + 1, step), "
+        "args.checkpoint)\n",
+        new="            import os\n"
+        "            torch.save(checkpoint_state(model, optimizer, epoch + 1, step), "
+        "args.checkpoint + '.part')\n"
+        "            os.replace(args.checkpoint + '.part', args.checkpoint)\n",
     ),
 ]

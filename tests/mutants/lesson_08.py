@@ -75,6 +75,23 @@ MUTANTS = [
         new="        if (i + 1) % args.accumulate == 0:\n            scaler.step(optimizer)",
         caught_by="train_one_epoch_accumulates",
     ),
+    # Not TODOs: a metric from another split, a checkpoint written over the last one.
+    dict(
+        name="epoch_metrics_from_the_training_split",
+        why="rank 0 evaluates each epoch on the training loader and reports it as the test's",
+        old="            test_loss, accuracy = evaluate(model.module, test_loader, device)\n",
+        new="            test_loss, accuracy = evaluate(model.module, train_loader, device)\n",
+        caught_by="fp16_run_learns",
+        says=("other numbers than the test split's",),
+    ),
+    dict(
+        name="checkpoint_written_in_place",
+        why="torch.save straight onto --checkpoint: a crash mid-write destroys the last epoch",
+        old="            checkpoint.save(state, args.checkpoint)\n",
+        new="            torch.save(state, args.checkpoint)\n",
+        caught_by="fp16_run_learns",
+        says=("'over'",),
+    ),
     dict(
         name="bucket_cap_ignored",
         why="--bucket-cap-mb never reaches DDP: every run uses 25 MB buckets",
@@ -133,8 +150,9 @@ ALTERNATIVES = [
         # Two honest rewrites in one submission (different lines of the TODO): one grading
         # of the whole lesson passes both.
         name="summed_loss_divided_gradients_and_exit_stack",
-        why="the losses are summed and the gradients divided by k just before the step; and "
-        "no_sync entered through an ExitStack, the step counted by a modulo",
+        why="the losses are summed and the gradients divided by k just before the step; "
+        "no_sync entered through an ExitStack, the step counted by a modulo; and the "
+        "checkpoint torch.save'd to a temporary file and os.replace'd onto its name",
         old=_BACKWARD
         + """        if last:
             scaler.step(optimizer)  # skips the step if a gradient overflowed (fp16)
@@ -153,7 +171,12 @@ ALTERNATIVES = [
             if (i + 1) % args.accumulate and i + 1 != len(loader):
                 stack.enter_context(model.no_sync())
 """,
-            )
+            ),
+            dict(
+                old="            checkpoint.save(state, args.checkpoint)\n",
+                new='            torch.save(state, f"{args.checkpoint}.{os.getpid()}.tmp")\n'
+                '            os.replace(f"{args.checkpoint}.{os.getpid()}.tmp", args.checkpoint)\n',
+            ),
         ],
     ),
 ]
