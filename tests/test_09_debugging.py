@@ -316,7 +316,8 @@ def test_hang_diagnosis_names_the_rank_and_the_collective(calls):
             f"{world} ranks, rank {skip} skipped {op} and ran {instead} instead, the messages "
             f"given in the order of ranks {order} (drawn from the grading seed): diagnose "
             f"answered rank {answer[0]}, {answer[1]!r}. Read each message's first fingerprint "
-            "(its own rank's collective), not the checker's REDUCE and GATHER after 'but Rank'"
+            "(its own rank's collective), not the op after 'but Rank', which is that rank's "
+            "fingerprint length read as an op"
         )
 
 

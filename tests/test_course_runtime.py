@@ -49,6 +49,36 @@ def test_exit_with_one_line(capsys):
     assert runtime.exit_with_one_line(lambda argv: None, []) == 0
 
 
+def test_an_unsolved_todo_is_one_line_and_other_bugs_keep_their_traceback(capsys):
+    def starter(argv):
+        raise NotImplementedError("TODO at 10_sharding/fsdp2.py:62 is not done yet")
+
+    assert runtime.exit_with_one_line(starter, [], prog="fsdp2.py") == 1
+    assert capsys.readouterr().err == (
+        "fsdp2.py: the TODO at 10_sharding/fsdp2.py:62 is not done yet (python -m course hint 10)\n"
+    )
+
+    class ProcessRaisedException(Exception):  # what mp.spawn raises for a rank's error
+        pass
+
+    def ranks(argv):
+        raise ProcessRaisedException(
+            "-- Process 1 terminated with the following error:\nTraceback ...\n"
+            "NotImplementedError: TODO at 11_model_parallel/tensor.py:40 is not done yet\n"
+        )
+
+    assert runtime.exit_with_one_line(ranks, [], prog="tensor.py") == 1
+    assert "TODO at 11_model_parallel/tensor.py:40" in capsys.readouterr().err
+
+    def bug(argv):
+        raise NotImplementedError("a bug of the author's")
+
+    with pytest.raises(NotImplementedError):  # not a starter's TODO: the traceback stays
+        runtime.exit_with_one_line(bug, [])
+    with pytest.raises(ZeroDivisionError):
+        runtime.exit_with_one_line(lambda argv: 1 / 0, [])
+
+
 def test_gpu_ids_for_data_parallel(monkeypatch):
     cpu = torch.device("cpu")
     assert runtime.gpu_ids(cpu, None) == [] and runtime.gpu_ids(cpu, 1) == []

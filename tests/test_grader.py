@@ -64,6 +64,8 @@ def test_every_starter_fails_its_core_tests(grader, tmp_path, lesson):
     passed = [t["name"] for t in graded if t["status"] != "failed" or t["score"] != 0]
     assert not passed, f"these core tests pass on the unsolved starter: {passed}"
     assert results["score"] == 0
+    row = next((line for line in run.output.splitlines() if line.startswith(lesson.number)), "")
+    assert lesson.title in row, f"the grade table cuts the title {lesson.title!r}: {row!r}"
 
 
 def test_solutions_earn_full_points_and_json_has_gradescope_shape(grader, tmp_path):

@@ -185,6 +185,26 @@ def test_lesson_page_has_every_part(page):
         assert "<!-- diff: " in text, "no diff against the previous lesson"
 
 
+@pytest.mark.parametrize("page", sorted(DOCS.glob("lessons/[0-9][0-9]_*.md")), ids=lambda p: p.stem)
+def test_run_it_commands_run_the_students_own_file(page):
+    """A student who copies a command from a page runs their own file: a command line of a
+    bash block that names solutions/ says it runs the reference ("# the reference")."""
+    lines, inside, wrong = page.read_text(encoding="utf-8").splitlines(), False, []
+    for number, line in enumerate(lines, 1):
+        if line.strip().startswith("```"):  # a block's own file (title=...) is shown, not run
+            inside = line.strip() == "```bash"
+            continue
+        if line.strip().startswith("--8<--"):
+            continue
+        if inside and ("solutions/" in line or "--impl solutions" in line):
+            if "the reference" not in line:
+                wrong.append(f"line {number}: {line.strip()}")
+    assert not wrong, (
+        f"{page.name}: commands that run the reference, not the student's file (lessons/ or "
+        "`python -m course run NN`), without saying so: " + "; ".join(wrong)
+    )
+
+
 def test_grading_tables_match_the_tests(site):
     """Each lesson page's table lists every test with the cases pytest really collects."""
     test_files = sorted((ROOT / "tests").glob("test_[0-9][0-9]_*.py"))

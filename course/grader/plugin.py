@@ -441,18 +441,19 @@ class GradeBook:
         tr = terminalreporter
         tr.section(f"grade of {self.impl}")
         titles = {lesson.number: lesson.title for lesson in registry.LESSONS}
+        wide = max(len(titles.get(number, "?")) for number in rows) + 2  # whole titles
         tr.write_line(
-            f"{'lesson':<8}{'title':<28}{'points':>12}{'passed':>8}{'failed':>8}{'skipped':>9}"
+            f"{'lesson':<8}{'title':<{wide}}{'points':>8}{'passed':>8}{'failed':>8}{'skipped':>9}"
         )
         for number, r in rows.items():
             points = f"{_fmt(r['earned'])}/{_fmt(r['possible'])}"
             tr.write_line(
-                f"{number:<8}{titles.get(number, '?')[:27]:<28}{points:>12}"
+                f"{number:<8}{titles.get(number, '?'):<{wide}}{points:>8}"
                 f"{r['passed']:>8}{r['failed']:>8}{r['skipped']:>9}"
             )
         earned = sum(r["earned"] for r in rows.values())
         possible = sum(r["possible"] for r in rows.values())
-        tr.write_line(f"{'total':<36}{_fmt(earned) + '/' + _fmt(possible):>12}")
+        tr.write_line(f"{'total':<{8 + wide}}{_fmt(earned) + '/' + _fmt(possible):>8}")
         seed = draws.grade_seed()
         tr.write_line(f"grading seed {seed}: {draws.SEED_ENV}={seed} replays these configurations")
         if self.path:

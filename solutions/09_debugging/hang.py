@@ -77,8 +77,8 @@ def diagnose(messages: dict[int, str]) -> tuple[int, str]:
     # collective: CollectiveFingerPrint(SequenceNumber=1, OpType=ALLREDUCE, ..."). The
     # rank whose collective differs from the others' diverged; what the others run is
     # the collective it missed.
-    # HINT 1: read only the first fingerprint of each message: the rest names the checker's
-    #   own collectives (REDUCE, GATHER), which are no clue.
+    # HINT 1: read only the first fingerprint of each message: the op after "but Rank N"
+    #   is the other rank's fingerprint length read as an op (REDUCE, GATHER), no clue.
     # HINT 2: a regular expression finds the first "Rank (\d+) is running collective" and
     #   the "OpType=(\w+)" after it. The op most ranks run is the missed one; the rank
     #   that runs another is the one out of step.
