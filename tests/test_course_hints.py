@@ -86,6 +86,7 @@ def test_hint_walks_through_the_todos_as_they_are_solved(tmp_path):
     first = hint_command("01", "--impl", str(impl))
     assert first.ok, first.describe()
     assert f"TODO 1 of {len(todos)}" in first.output and todos[0]["hints"][0] in first.output
+    assert "other scripts" not in first.output  # lesson 01 has one script
     assert "python -m course hint 01 2" in first.output
     second = hint_command("01", "2", "--impl", str(impl))
     assert todos[0]["hints"][1] in second.output
@@ -102,7 +103,31 @@ def test_hint_walks_through_the_todos_as_they_are_solved(tmp_path):
     assert "every TODO of lesson 01 is done" in done.output
 
 
-@pytest.mark.parametrize(("args", "says"), [(["99"], "no lesson '99'"), (["01", "0"], "from 1")])
+def test_hint_reaches_every_script_of_a_lesson_with_several(tmp_path):
+    """Lesson 10 has three scripts: `hint 10 fsdp2` gives fsdp2.py's next TODO while zero.py's
+    are still open, the first line counts what each other script has left, and a script
+    whose TODOs are all done says so by name."""
+    lesson = lessons.get("10")
+    folder = lesson.path(REPO_ROOT / "lessons").parent
+    impl = tmp_path / "impl"
+    shutil.copytree(folder, impl / folder.name)
+    todos = [t for t in hints.todos(lesson) if hints.script_of(t) == "fsdp2.py"]
+    result = hint_command("10", "fsdp2", "2", "--impl", str(impl))
+    assert result.ok, result.describe()
+    assert f"fsdp2.py, TODO 1 of {len(todos)}" in result.output, result.output
+    assert todos[0]["hints"][1] in result.output
+    assert "zero.py 3 left" in result.output and "fsdp.py 4 left" in result.output
+    plain = hint_command("10", "--impl", str(impl))
+    assert "zero.py, TODO 1 of 3" in plain.output, plain.output
+    shutil.copy(REPO_ROOT / "solutions" / folder.name / "fsdp2.py", impl / folder.name)
+    done = hint_command("10", "fsdp2.py", "--impl", str(impl))
+    assert "every TODO of lesson 10 is done in fsdp2.py" in done.output, done.output
+    missing = hint_command("10", "nope")
+    assert missing.returncode == 2 and "zero.py, fsdp.py, fsdp2.py" in missing.output
+
+
+@pytest.mark.parametrize(("args", "says"), [(["99"], "no lesson '99'"), (["01", "0"], "from 1"),
+                                            (["10", "fsdp", "x"], "[SCRIPT] [N]")])  # fmt: skip
 def test_bad_hint_requests_give_one_line(args, says):
     result = hint_command(*args)
     assert result.returncode == 2 and says in result.output, result.output

@@ -9,6 +9,7 @@ python -m course grade --impl path/to/submission --grade-json results.json
 python -m course bench [--amp bf16 --channels-last]   # time lessons 01-04, 06 side by side
 python -m course run 09 -- hang --diagnose # lesson 09: name the exercise first
 python -m course hint 03 [2]               # hint 2 of your next unsolved TODO in lesson 03
+python -m course hint 10 fsdp [2]          # ... in one script of a lesson with several
 python -m course doctor                    # the reference environment report
 python -m course release [--check]         # regenerate lessons/ from solutions/
 python -m course record [NAME ...]         # re-record the outputs the pages show
@@ -78,7 +79,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("classroom", help="write a GitHub Classroom workflow", add_help=False)
     hint = sub.add_parser("hint", help="a hint for the next unsolved TODO of a lesson")
     hint.add_argument("lesson", help="lesson number, e.g. 03")
-    hint.add_argument("number", nargs="?", type=int, default=1, help="which hint (default 1)")
+    hint.add_argument(
+        "which",
+        nargs="*",
+        metavar="[SCRIPT] [N]",
+        help="one script of the lesson (e.g. fsdp), then which hint (default 1)",
+    )
     hint.add_argument("--impl", default="lessons", help="lessons (default) or a folder")
 
     sub.add_parser("doctor", help="print the environment report (lesson 00's reference)")
@@ -198,9 +204,15 @@ def _list(_args) -> int:
 def _hint(args) -> int:
     from course.tools import hints
 
-    if args.number < 1:
+    which = list(args.which)
+    script = which.pop(0) if which and not which[0].lstrip("-").isdigit() else None
+    if len(which) > 1 or (which and not which[0].lstrip("-").isdigit()):
+        raise ValueError(f"expected [SCRIPT] [N] after the lesson, got {' '.join(args.which)}")
+    number = int(which[0]) if which else 1
+    if number < 1:
         raise ValueError("hints are numbered from 1")
-    print(hints.hint(lessons.get(args.lesson), args.number, lessons.resolve_impl(args.impl)))
+    impl = lessons.resolve_impl(args.impl)
+    print(hints.hint(lessons.get(args.lesson), number, impl, script))
     return 0
 
 

@@ -6,9 +6,10 @@ last). `course release` collects them from the solutions' `# HINT n:`
 comments into lessons/<lesson>/hints.json, next to the starter, so they ship
 without the solutions; the lesson's page shows the same hints, folded.
 
-`hint NN K` finds the first TODO still unsolved in your file (its `raise
+`hint NN K` finds the first TODO still unsolved in your files (its `raise
 NotImplementedError("TODO at ...")` is still there) and prints its goal and
-hint K.
+hint K; `hint NN SCRIPT K` looks only in one script of a lesson that has several,
+and the first line says what is left in the others.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ def todos(lesson: lessons.Lesson) -> list[dict]:
     return found
 
 
+def script_of(todo: dict) -> str:
+    """The file a TODO is in: "fsdp.py" for "TODO at 10_sharding/fsdp.py:56"."""
+    return todo["id"].removeprefix("TODO at ").rsplit(":", 1)[0].rsplit("/", 1)[-1]
+
+
 def unsolved(lesson: lessons.Lesson, impl: Path) -> list[str]:
     """Ids of the TODOs still unsolved in the files under `impl`: the `raise
     NotImplementedError` is still there or, for a planted bug (lesson 09), every
@@ -61,22 +67,38 @@ def unsolved(lesson: lessons.Lesson, impl: Path) -> list[str]:
     return left
 
 
-def hint(lesson: lessons.Lesson, number: int, impl: Path) -> str:
-    """What `python -m course hint` prints for hint `number` (1-based)."""
+def hint(lesson: lessons.Lesson, number: int, impl: Path, script: str | None = None) -> str:
+    """What `python -m course hint` prints for hint `number` (1-based), of the next
+    unsolved TODO in `script` (a lesson's file, "fsdp" or "fsdp.py"), or in any file."""
     known = todos(lesson)
     if not known:
         return f"lesson {lesson.number} has no TODOs: nothing to hint"
+    scripts = list(dict.fromkeys(script_of(t) for t in known))
+    if script is not None:
+        wanted = script if script.endswith(".py") else f"{script}.py"
+        if wanted not in scripts:
+            raise ValueError(f"lesson {lesson.number} has no TODOs in {wanted}; its scripts "
+                             f"with TODOs: {', '.join(scripts)}")  # fmt: skip
+        scripts = [wanted, *(s for s in scripts if s != wanted)]
     left = unsolved(lesson, impl)
-    todo = next((t for t in known if t["id"] in left), None)
+    todo = next((t for t in known if t["id"] in left and script_of(t) == scripts[0]), None)
+    todo = todo if script else next((t for t in known if t["id"] in left), None)
     if todo is None:
+        where = scripts[0] if script else "its files"
         return (
-            f"every TODO of lesson {lesson.number} is done in {lesson.path(impl)}; "
-            f"check it with `python -m course grade {lesson.number}`"
+            f"every TODO of lesson {lesson.number} is done in {where} "
+            f"({lesson.path(impl).parent}); check it with `python -m course grade "
+            f"{lesson.number}`"
         )
     where = todo["id"].removeprefix("TODO at ")
-    done = len(known) - len(left)
-    lines = [f"lesson {lesson.number}, TODO {done + 1} of {len(known)} ({where}):", todo["goal"]]
+    mine = [t for t in known if script_of(t) == script_of(todo)]
+    done = len([t for t in mine if t["id"] not in left])
+    lines = [f"lesson {lesson.number}, {script_of(todo)}, TODO {done + 1} of {len(mine)} "
+             f"({where}):", todo["goal"]]  # fmt: skip
+    others = [(s, sum(t["id"] in left for t in known if script_of(t) == s)) for s in scripts]
+    others = [f"{s} {n} left" for s, n in others if s != script_of(todo)]
     hints = todo["hints"]
+    more = f"{lesson.number} {script_of(todo).removesuffix('.py')}" if script else lesson.number
     if not hints:
         lines.append("(this TODO has no hints beyond its text)")
     elif number > len(hints):
@@ -85,5 +107,8 @@ def hint(lesson: lessons.Lesson, number: int, impl: Path) -> str:
     else:
         lines.append(f"hint {number} of {len(hints)}: {hints[number - 1]}")
         if number < len(hints):
-            lines.append(f"more: python -m course hint {lesson.number} {number + 1}")
+            lines.append(f"more: python -m course hint {more} {number + 1}")
+    if others:
+        lines.append(f"other scripts: {', '.join(others)} (python -m course hint "
+                     f"{lesson.number} SCRIPT: that script's next TODO)")  # fmt: skip
     return "\n".join(textwrap.fill(line, 88, subsequent_indent="  ") for line in lines)

@@ -9,9 +9,15 @@ from directives.common import ROOT, lesson_page, lesson_todos, load_lessons, run
 
 def render_hints(number: str) -> str:
     todos = lesson_todos("hints", number)
+    scripts = list(dict.fromkeys(t["id"].rsplit(":", 1)[0].rsplit("/", 1)[-1] for t in todos))
+    one = (
+        f" In one script: `python -m course hint {number} {scripts[1].removesuffix('.py')}`."
+        if len(scripts) > 1
+        else ""
+    )
     out = [
         f"Stuck? `python -m course hint {number}` prints hint 1 for your first unsolved "
-        f"TODO, `python -m course hint {number} 2` the next one. The same hints, folded:",
+        f"TODO, `python -m course hint {number} 2` the next one.{one} The same hints, folded:",
         "",
     ]
     for index, todo in enumerate(todos, start=1):
