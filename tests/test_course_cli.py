@@ -221,3 +221,13 @@ def test_version_is_the_installed_packages():
     except PackageNotFoundError:
         pytest.skip("the course is not pip-installed here")
     assert installed == course.__version__, (installed, course.__version__)
+
+
+def test_a_cpu_with_other_kernels_is_told_once_how_to_get_the_pages_digits():
+    from course.tools.record import PINNED_ENV, capability_note
+
+    note = capability_note({}, "AVX512")
+    assert note and "AVX512" in note and all(f"{k}={v}" in note for k, v in PINNED_ENV.items())
+    assert capability_note({}, "AVX2") is None  # the records' own kernels
+    assert capability_note({"ATEN_CPU_CAPABILITY": "avx2"}, "AVX512") is None  # pinned
+    assert capability_note({"ATEN_CPU_CAPABILITY": "default"}, "DEFAULT")

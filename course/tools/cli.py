@@ -27,6 +27,7 @@ python -m course find-unused               # lesson 09: what find_unused_paramet
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -155,6 +156,14 @@ def _run(args) -> int:
 
         ranks.backend_and_world_size("nccl", args.nproc)
     print("$", " ".join(command), flush=True)
+    if args.backend != "nccl" and not os.environ.get("ATEN_CPU_CAPABILITY"):
+        import torch
+
+        from course.tools.record import capability_note
+
+        note = capability_note(os.environ, torch.backends.cpu.get_cpu_capability())
+        if note:
+            print(note, flush=True)
     # The student's own thread settings: each lesson shares the CPU itself.
     return subprocess.call(command, env=procs.child_env(one_thread=False))
 

@@ -123,6 +123,20 @@ def get(name: str) -> Recording:
 PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
+def capability_note(environ, capability: str) -> str | None:
+    """One line for a student whose CPU runs other kernels than the records' (`capability`:
+    torch.backends.cpu.get_cpu_capability()): their last digits will differ, and how to
+    get the page's. None where the environment pins the records' kernels, or they match."""
+    pinned = environ.get("ATEN_CPU_CAPABILITY", "").lower() == PINNED_ENV["ATEN_CPU_CAPABILITY"]
+    if pinned or capability.lower() == PINNED_ENV["ATEN_CPU_CAPABILITY"]:
+        return None
+    same = " ".join(f"{k}={v}" for k, v in {**PINNED_ENV, "OMP_NUM_THREADS": "1"}.items())
+    return (f"note: this CPU runs PyTorch's {capability} kernels, the pages were recorded "
+            f"with {PINNED_ENV['ATEN_CPU_CAPABILITY'].upper()}: losses and accuracies may "
+            f"differ in the last digits. {same} before the command prints the pages' "
+            "numbers.")  # fmt: skip
+
+
 def run(recording: Recording, cwd: Path) -> procs.RunResult:
     """Run the recording's command with one CPU thread per process, so that the
     figures do not depend on the machine's core count (the order of a parallel
