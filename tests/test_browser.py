@@ -124,11 +124,12 @@ def browser():
 class Offline:
     """A browser context where only loopback answers; other requests are logged."""
 
-    def __init__(self, browser, scheme: str):
+    def __init__(self, browser, scheme: str, width: int = 1280):
         self.blocked: list[str] = []
         self.errors: list[str] = []
         self.context = browser.new_context(
-            viewport={"width": 1280, "height": 900}, color_scheme=scheme
+            viewport={"width": width, "height": 900 if width > 600 else 844},
+            color_scheme=scheme,
         )
         self.context.set_default_timeout(TIMEOUT_MS)
         self.context.route("**/*", self._route)
@@ -275,6 +276,44 @@ def test_lesson_page_shows_starter_and_solution_tabs(offline, base_url, artifact
     offline.assert_offline()
 
 
+PHONE_PX = 390  # an iPhone 12-15's CSS width
+
+
+@pytest.fixture
+def phone(browser):
+    ctx = Offline(browser, "light", width=PHONE_PX)
+    yield ctx
+    ctx.close()
+
+
+@pytest.mark.parametrize("lesson", LESSON_PAGES)
+def test_lesson_page_on_a_phone_keeps_outputs_aligned_and_diagrams_legible(
+    phone, base_url, artifacts, lesson
+):
+    """At 390 px: no printed output wraps a line (aligned columns scroll instead), every
+    diagram's smallest text is drawn at 12 px or more (a wide diagram scrolls), a table
+    wider than the screen keeps its first column in view when scrolled, and each output's
+    provenance is one folded line."""
+    page = phone.page()
+    page.goto(base_url + f"lessons/{lesson}/")
+    folded = page.evaluate(PROVENANCE)
+    assert all(not p["open"] for p in folded), f"provenance shown unfolded: {folded}"
+    assert all(p["lines"] <= 1 for p in folded), f"a provenance line wraps: {folded}"
+    wrapped = page.evaluate(WRAPPED_OUTPUT)
+    assert not wrapped, f"{len(wrapped)} outputs wrap at {PHONE_PX} px:\n" + "\n".join(wrapped[:6])
+    expected = page.locator("div.mermaid").count()
+    if expected:
+        draw_diagrams(page, expected)
+        page.wait_for_function(LEGIBLE_SET, arg=expected)
+    small = small_diagram_text(page)
+    assert not small, f"at {PHONE_PX} px, text smaller than {MIN_DIAGRAM_TEXT_PX} px: {small}"
+    lost = page.evaluate(FIRST_COLUMN_AFTER_SCROLL)
+    assert not lost, f"scrolled sideways, these tables lose their first column: {lost}"
+    page.evaluate("window.scrollTo(0, 0)")
+    artifacts.shot(page, f"lesson-{lesson[:2]}-phone.png", full_page=True)
+    phone.assert_offline()
+
+
 @pytest.mark.parametrize(
     ("path", "at_least"), [("architecture/", 6), ("", 1)], ids=["architecture", "home"]
 )
@@ -390,6 +429,59 @@ OVERFLOWING_CODE = """() => {
     }
   }
   return wide;
+}"""
+
+
+# Each recorded output's provenance (course_site's output directive): folded, one line.
+PROVENANCE = """() => [...document.querySelectorAll('article details.course-provenance')]
+  .filter(d => d.offsetParent).map(d => {
+    const summary = d.querySelector('summary');
+    const lh = parseFloat(getComputedStyle(summary).lineHeight);
+    return {open: d.open, lines: Math.round(summary.getBoundingClientRect().height / lh),
+            text: summary.textContent.trim()};
+  })"""
+
+# Printed outputs (text blocks, folded ones opened) drawn on more lines than they have.
+WRAPPED_OUTPUT = """() => {
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  const wrapped = [];
+  for (const code of document.querySelectorAll('article .language-text pre > code')) {
+    if (!code.offsetParent) continue;  // in a tab that is not shown
+    const lines = code.textContent.replace(/\\n$/, '').split('\\n').length;
+    const style = getComputedStyle(code);
+    const height = code.clientHeight - parseFloat(style.paddingTop)
+                   - parseFloat(style.paddingBottom);
+    const drawn = Math.round(height / parseFloat(style.lineHeight));
+    if (drawn > lines) wrapped.push(`${drawn} lines drawn for ${lines}: ` +
+                                    code.textContent.slice(0, 70).replace(/\\s+/g, ' '));
+  }
+  document.querySelectorAll('details').forEach(d => { d.open = false; });
+  return wrapped;
+}"""
+
+# The page's script (mermaid-init.js) has given each drawn diagram its legible width.
+LEGIBLE_SET = """n => [...document.querySelectorAll('div.mermaid')].filter(d => {
+  const svg = d.shadowRoot && d.shadowRoot.querySelector('svg');
+  return svg && svg.dataset.legible;
+}).length >= n"""
+
+# Tables wider than the screen, scrolled to their right end: is the first cell of each
+# row still inside the table's box?
+FIRST_COLUMN_AFTER_SCROLL = """() => {
+  const lost = [];
+  for (const table of document.querySelectorAll('article table')) {
+    if (!table.offsetParent) continue;
+    const wrap = table.closest('.md-typeset__scrollwrap');
+    if (!wrap || wrap.scrollWidth <= wrap.clientWidth + 1) continue;
+    wrap.scrollLeft = wrap.scrollWidth;
+    const left = wrap.getBoundingClientRect().left;
+    const cell = table.querySelector('tbody tr td:first-child');
+    if (cell && cell.getBoundingClientRect().left < left - 1) {
+      lost.push(table.innerText.slice(0, 60).replace(/\\s+/g, ' '));
+    }
+    wrap.scrollLeft = 0;
+  }
+  return lost;
 }"""
 
 

@@ -104,11 +104,14 @@ INLINE = re.compile(
 
 
 def render_output(name: str) -> str:
+    """A recorded output as a text block, its provenance folded into one line that expands."""
     doc = read_record(name)
     prov = doc["provenance"]
     body = "\n".join(["```text", f"$ {doc['shown']}", doc["output"], "```"])
-    note = (
-        f"*Recorded by `{prov['command']} {name}` on {prov['date']}: PyTorch {prov['torch']}, "
+    where = f"{prov['device']}" if prov.get("device") else "CPU"
+    summary = f"Recorded {prov['date']} · PyTorch {prov['torch'].split('+')[0]} · {where}"
+    detail = (
+        f"By `{prov['command']} {name}`: PyTorch {prov['torch']}, "
         f"Python {prov['python']}, {prov['machine']}"
         + (f", {prov['processor']}" if prov.get("processor") else "")
         + (
@@ -122,9 +125,8 @@ def render_output(name: str) -> str:
             if prov.get("device")
             else "reference by the test suite (another processor can print slightly other ones)."
         )
-        + "*"
     )
-    return f"{body}\n\n{note}"
+    return f'{body}\n\n??? course-provenance "{summary}"\n\n    {detail}\n'
 
 
 def render_bench_figure(record: str, spec: str, root: Path = ROOT) -> str:
