@@ -74,11 +74,23 @@ def build_site(solutions: bool = True, shared: Path | None = None) -> BuiltSite:
     return _cache[key]
 
 
+# What a class deployment's checkout holds: everything the site is built from but the
+# reference solutions (and this machine's own caches).
+CHECKOUT_LEAVES_OUT = ("solutions", ".git", ".venv", "*.egg-info", "__pycache__", ".*_cache")
+
+
 def _build(solutions: bool, out: Path) -> BuiltSite:
+    """mkdocs build --strict; the instructor build (not `solutions`) from a copy of the
+    repository without solutions/, as a class deploys it."""
     start = time.perf_counter()
+    root = ROOT
+    if not solutions:
+        root = Path(tempfile.mkdtemp(prefix="course-checkout-")) / "course"
+        atexit.register(shutil.rmtree, root.parent, ignore_errors=True)
+        shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns(*CHECKOUT_LEAVES_OUT))
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-        cwd=ROOT,
+        cwd=root,
         capture_output=True,
         text=True,
         timeout=BUILD_TIMEOUT_S,

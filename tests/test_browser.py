@@ -69,20 +69,66 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+def _serve(folder: Path):
+    """A local HTTP server for a built site: (its base URL, a function that stops it)."""
+    handler = functools.partial(_QuietHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    def stop():
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+    return f"http://127.0.0.1:{server.server_address[1]}/", stop
+
+
 @pytest.fixture(scope="module")
 def base_url(request, tmp_path_factory):
     built = sitebuild.build_site(shared=sitebuild.shared_folder(tmp_path_factory))
     sitebuild.report(request.config, f"site: mkdocs build --strict took {built.seconds:.1f} s")
-    handler = functools.partial(_QuietHandler, directory=str(built.path))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    url, stop = _serve(built.path)
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
+        yield url
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+        stop()
+
+
+@pytest.fixture(scope="module")
+def instructor_url(tmp_path_factory):
+    """The instructor build (COURSE_SITE_SOLUTIONS=0, from a checkout without solutions/)."""
+    built = sitebuild.build_site(solutions=False, shared=sitebuild.shared_folder(tmp_path_factory))
+    url, stop = _serve(built.path)
+    try:
+        yield url
+    finally:
+        stop()
+
+
+@pytest.mark.parametrize("lesson", ["01_single_device", "10_sharding", "11_model_parallel"])
+def test_the_instructor_build_shows_starters_without_empty_tabs(
+    browser, instructor_url, artifacts, lesson
+):
+    """In the instructor build a lesson page shows its starter code, plainly: no Solution
+    tab, no tab set left with one tab, no empty tab or folded note, and the lesson's
+    training loop (no answer) still there; at 1280 px and at 390 px."""
+    for width in (1280, PHONE_PX):
+        ctx = Offline(browser, "light", width=width)
+        try:
+            page = ctx.page()
+            page.goto(instructor_url + f"lessons/{lesson}/")
+            report = page.evaluate(TABS_AND_NOTES)
+            assert "Solution" not in report["labels"], f"a Solution tab: {report['labels']}"
+            assert not report["lone"], f"tab sets with one tab: {report['lone']}"
+            assert not report["empty"], f"empty tabs or notes: {report['empty']}"
+            code = page.locator("article pre code").first
+            assert code.is_visible() and code.inner_text().strip(), "no code on the page"
+            assert page.locator("article", has_text="lessons/").count(), "no starter path shown"
+            artifacts.shot(page, f"instructor-{lesson[:2]}-{width}.png", full_page=True)
+            ctx.assert_offline()
+        finally:
+            ctx.close()
 
 
 class Artifacts:
@@ -431,6 +477,19 @@ OVERFLOWING_CODE = """() => {
   return wide;
 }"""
 
+
+# Tab labels, tab sets with a single tab, and tabs or folded notes with nothing inside.
+TABS_AND_NOTES = """() => {
+  const sets = [...document.querySelectorAll('article .tabbed-set')];
+  const labels = sets.flatMap(s => [...s.querySelectorAll(':scope > .tabbed-labels > label')]
+                                    .map(l => l.textContent.trim()));
+  const lone = sets.filter(s => s.querySelectorAll(':scope > .tabbed-labels > label').length < 2)
+                   .map(s => s.textContent.trim().slice(0, 60));
+  const empty = [...document.querySelectorAll('article .tabbed-block, article details')]
+    .filter(b => !b.textContent.replace(b.querySelector('summary')?.textContent || '', '').trim())
+    .map(b => b.outerHTML.slice(0, 80));
+  return {labels, lone, empty};
+}"""
 
 # Each recorded output's provenance (course_site's output directive): folded, one line.
 PROVENANCE = """() => [...document.querySelectorAll('article details.course-provenance')]

@@ -613,8 +613,10 @@ def test_solution_tabs_show_clean_code(site):
 
 @pytest.mark.timeout(sitebuild.TEST_TIMEOUT_S)
 def test_the_instructor_build_has_no_solution_line(request):
-    """COURSE_SITE_SOLUTIONS=0 mkdocs build: no line a student must write appears on any
-    page, and the pages say what was left out."""
+    """COURSE_SITE_SOLUTIONS=0 mkdocs build, from a copy of the repository without
+    solutions/ (as a class deploys it): no line a student must write appears on any page,
+    no Solution tab or reference note is left empty, the text no longer points to them, and
+    code that is no answer (lesson 10's training loop) stays."""
     built = sitebuild.build_site(solutions=False)
     sitebuild.report(request.config, f"site: the instructor build took {built.seconds:.1f} s")
     pages = {p: _page_text(p) for p in built.path.rglob("*.html")}
@@ -626,8 +628,21 @@ def test_the_instructor_build_has_no_solution_line(request):
         if line in text
     ]
     assert not leaks, "the instructor build shows solution lines:\n" + "\n".join(leaks[:10])
-    lessons = [t for p, t in pages.items() if p.parent.parent.name == "lessons"]
-    assert any("left out of this build" in t for t in lessons), "no page says what was left out"
+    lessons = {p.parent.name: t for p, t in pages.items() if p.parent.parent.name == "lessons"}
+    html = {p.parent.name: p.read_text(encoding="utf-8") for p in pages
+            if p.parent.parent.name == "lessons"}  # fmt: skip
+    for name, text in html.items():  # no empty tab or note is left where an answer was
+        assert ">Solution</label>" not in text, f"{name}: a Solution tab in the instructor build"
+        for gone in ("The whole reference script", "Reference solution", "Solution* tab",
+                     "left out of this build"):  # fmt: skip
+            assert gone not in lessons[name], f"{name}: the instructor build says {gone!r}"
+    # Context that is no answer stays: lesson 10's training loop (plumbing the starter has).
+    loop = "model = DDP(model, device_ids=gpu, **ranks.no_per_step_buffer_sync())"
+    assert loop in lessons["10_sharding"], "lesson 10's training loop is gone"
+    home = _page_text(built.path / "index.html")
+    assert "python -m course hint NN" in home and "Solution* tab" not in home, (
+        "the home page still sends students to a Solution tab"
+    )
 
 
 def test_a_diff_to_a_solution_is_folded_and_left_out_of_the_instructor_build(monkeypatch):

@@ -170,6 +170,14 @@ def expand(markdown: str, src_uri: str) -> str:
         raise PluginError(f"{src_uri}: {exc}") from exc
 
 
+def on_config(config):
+    """solutions/ is watched where the checkout has it (mkdocs.yml's watch must exist)."""
+    solutions = ROOT / "solutions"
+    if solutions.is_dir() and str(solutions) not in config.watch:
+        config.watch.append(str(solutions))
+    return config
+
+
 def on_files(files, config):
     files.append(File.generated(config, MERMAID_DEST, abs_src_path=str(find_mermaid_js())))
     return files

@@ -5,6 +5,7 @@ from __future__ import annotations
 from mkdocs.exceptions import PluginError
 
 from directives.common import ROOT, lesson_page, lesson_todos, load_lessons, run_commands
+from directives.solutions import included
 
 
 def render_hints(number: str) -> str:
@@ -35,14 +36,16 @@ def render_lesson_card(number: str) -> str:
     lesson = lessons[number]
     starter = f"lessons/{lesson.slug}/{lesson.script}"
     solution = f"solutions/{lesson.slug}/{lesson.script}"
-    for rel in (starter, solution):
+    shown = (starter, solution) if included() else (starter,)  # the instructor build: none
+    for rel in shown:
         if not (ROOT / rel).is_file():
             raise PluginError(f"lesson-card {number}: missing {rel}")
+    reference = f"| Reference solution | `{solution}` |\n" if included() else ""
     return (
         f"| Lesson {number} | {lesson.title} |\n| --- | --- |\n"
         f"| Level | {lesson.level.capitalize()} |\n"
         f"| Starter (you edit this) | `{starter}` |\n"
-        f"| Reference solution | `{solution}` |\n"
+        f"{reference}"
         f"| Launcher | `{lesson.launcher}` |\n"
         f"| Run it | `{run_commands(lesson)[0]}` |\n"
         f"| Grade it | `python -m course grade {number}` |\n\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 from mkdocs.exceptions import PluginError
 
 from directives.common import ROOT
-from directives.solutions import fold_diff
+from directives.solutions import fold_diff, included
 
 
 def find_mermaid_js() -> Path:
@@ -28,6 +28,8 @@ def find_mermaid_js() -> Path:
 
 
 def render_diff(old: str, new: str, root: Path = ROOT) -> str:
+    if not included() and any(rel.startswith("solutions/") for rel in (old, new)):
+        return fold_diff(old, new, "")  # the instructor build: said, not shown
     for rel in (old, new):
         if not (root / rel).is_file():
             raise PluginError(f"diff: no such file {rel!r} (paths are relative to the repo root)")
