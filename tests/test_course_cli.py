@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 
 import pytest
@@ -231,3 +232,14 @@ def test_a_cpu_with_other_kernels_is_told_once_how_to_get_the_pages_digits():
     assert capability_note({}, "AVX2") is None  # the records' own kernels
     assert capability_note({"ATEN_CPU_CAPABILITY": "avx2"}, "AVX512") is None  # pinned
     assert capability_note({"ATEN_CPU_CAPABILITY": "default"}, "DEFAULT")
+
+
+def test_the_assistants_policy_names_only_real_commands():
+    """AGENTS.md points a student's assistant to course commands: each one it names exists."""
+    text = (REPO_ROOT / "AGENTS.md").read_text(encoding="utf-8")
+    verbs = set(re.findall(r"python -m course (\w[\w-]*)", text))
+    assert {"hint", "grade", "release"} <= verbs, verbs
+    help_text = subprocess.run([sys.executable, "-m", "course", "--help"], capture_output=True,
+                               text=True, timeout=60).stdout  # fmt: skip
+    unknown = [v for v in verbs if not re.search(rf"\b{v}\b", help_text)]
+    assert not unknown, f"AGENTS.md names commands the CLI does not have: {unknown}"
