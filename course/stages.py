@@ -4,12 +4,17 @@ Watched wraps a stage's module. It counts the micro-batches whose activations ar
 on the stage (forward done, backward not yet begun), and, given a controlled cost, waits
 that long in forward and twice as long in backward, noting when: on a shared CPU the
 layers' own compute is too small and too noisy to show a pipeline's bubble, a controlled
-cost is not. bubble() turns those notes into the stage's idle fraction of a step.
+cost is not. bubble() turns those notes into the stage's idle fraction of a step; with
+COURSE_STAGE_TIMELINE set to a folder, it also writes the step's notes there, one file a
+stage (`python -m course schedules` draws them).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -25,13 +30,13 @@ class Watched(nn.Module):
         super().__init__()
         self.stage, self.seconds = stage, seconds
         self.alive = self.most_alive = 0
-        self.busy: list[tuple[float, float]] = []
+        self.busy: list[tuple[float, float, str]] = []  # (start, end, "F" or "B")
 
-    def wait(self, seconds: float) -> None:
+    def wait(self, seconds: float, kind: str = "F") -> None:
         if seconds:
             start = time.perf_counter()
             time.sleep(seconds)
-            self.busy.append((start, time.perf_counter()))
+            self.busy.append((start, time.perf_counter(), kind))
 
     def forward(self, x):
         y = self.stage(x)
@@ -52,7 +57,7 @@ class _Alive(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         ctx.watched.alive -= 1
-        ctx.watched.wait(2 * ctx.watched.seconds)
+        ctx.watched.wait(2 * ctx.watched.seconds, "B")
         return grad, None
 
 
@@ -60,5 +65,10 @@ def bubble(watched: Watched, world: int) -> float:
     """The step's idle fraction on this rank: 1 - busy / (first start to last end, any rank)."""
     edges = torch.tensor([-watched.busy[0][0], watched.busy[-1][1]], dtype=torch.float64)
     dist.all_reduce(edges, op=dist.ReduceOp.MAX)  # the earliest start, the latest end
-    busy = sum(end - start for start, end in watched.busy)
+    busy = sum(end - start for start, end, _ in watched.busy)
+    folder = os.environ.get("COURSE_STAGE_TIMELINE")
+    if folder:  # this step's notes, from the earliest start on any rank, in ms
+        first = -edges[0].item()
+        notes = [[(a - first) * 1e3, (b - first) * 1e3, kind] for a, b, kind in watched.busy]
+        Path(folder, f"stage{dist.get_rank()}.json").write_text(json.dumps(notes))
     return 1 - busy / (edges[1] + edges[0]).item()

@@ -15,9 +15,10 @@ from course.tools import figures
 
 def parses(verb: str, args: list[str]) -> None:
     """The verb's own parser accepts the arguments the figure would be made with."""
-    from course.tools import bandwidth, bench, grading_cost, timeline, tolerances
+    from course.tools import bandwidth, bench, grading_cost, schedules, timeline, tolerances
 
     parser = {"bench": bench.parser, "bandwidth": bandwidth.parser, "timeline": timeline.parser}
+    parser["schedules"] = schedules.parser
     parser["grading-cost"] = grading_cost.parser
     parser["tolerances"] = tolerances.parser
     try:
@@ -130,7 +131,7 @@ def test_run_makes_what_the_cpu_can_and_says_what_it_skips():
 def test_every_record_writer_names_the_course_version_in_its_provenance():
     """A figure says which version of the course made it (the results page's last column)."""
     import course
-    from course.tools import bandwidth, grading_cost, record, timeline, tolerances
+    from course.tools import bandwidth, grading_cost, record, schedules, timeline, tolerances
     from course.tools.bench.catalogue import Settings
     from course.tools.bench.provenance import provenance as bench_provenance
 
@@ -139,6 +140,7 @@ def test_every_record_writer_names_the_course_version_in_its_provenance():
         "bench": bench_provenance(["--device", "cpu"], settings),
         "bandwidth": bandwidth.provenance([], "gloo", 2),
         "timeline": timeline.provenance([], "gloo"),
+        "schedules": schedules.provenance([]),
         "record": record.provenance(),
         "grading-cost": grading_cost.provenance([]),
         "tolerances": tolerances.provenance("python -m course tolerances"),

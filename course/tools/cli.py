@@ -18,6 +18,7 @@ python -m course figures [--run]          # every figure the site shows, made ag
 python -m course tolerances [NN ...]       # measure the tests' bounds over many seeds
 python -m course durations runs/suite.xml  # the suite's seconds by file and kind (--junitxml)
 python -m course timeline --out t.json     # backward and DDP's all-reduces on one time axis
+python -m course schedules --out s.json    # lesson 11's schedules, measured, and the bubble
 python -m course clock SCRIPT [ARGS]       # a script's steps and its data-wait fraction
 python -m course spy SCRIPT [ARGS]         # the stack of every rank of a stuck job (py-spy)
 python -m course memory [--nproc 2]        # lesson 10's sharding ways: bytes predicted, counted
@@ -94,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("record", help="record the reference outputs the site shows", add_help=False)
     sub.add_parser("bandwidth", help="all_reduce bandwidth by message size", add_help=False)
     sub.add_parser("timeline", help="one DDP step's backward and all-reduces", add_help=False)
+    sub.add_parser("schedules", help="lesson 11: GPipe and 1F1B measured, and the bubble",
+                   add_help=False)  # fmt: skip
     sub.add_parser("clock", help="a script's steps and data-wait fraction", add_help=False)
     sub.add_parser("spy", help="where each rank of a stuck job waits (py-spy)", add_help=False)
     sub.add_parser("memory", help="lesson 10: bytes per rank, predicted and counted",
@@ -266,6 +269,7 @@ TOOLS = {
     "record": ("record", (ValueError, RuntimeError)),
     "bandwidth": ("bandwidth", ValueError),
     "timeline": ("timeline", ValueError),
+    "schedules": ("schedules", (ValueError, RuntimeError)),
     "clock": ("clock", FileNotFoundError),
     "memory": ("memory", (FileNotFoundError, ValueError)),
     "find-unused": ("find_unused", ()),

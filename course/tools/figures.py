@@ -41,13 +41,14 @@ MADE_BY = {  # a record's `kind` -> the course verb that writes it
     "course-bench": "bench",
     "course-bandwidth": "bandwidth",
     "course-timeline": "timeline",
+    "course-schedules": "schedules",
     "course-record": "record",
     "course-grading-cost": "grading-cost",
     "course-tolerances": "tolerances",
 }
 
 
-CPU_TIMINGS = {"bandwidth", "timeline", "grading-cost"}
+CPU_TIMINGS = {"bandwidth", "timeline", "grading-cost", "schedules"}
 
 
 class UnknownFigure(ValueError):

@@ -78,6 +78,7 @@ from directives.records import (  # noqa: E402
     render_inline,
     render_output,
     render_results,
+    render_schedules,
     render_sizes,
     render_timeline,
 )
@@ -125,6 +126,8 @@ def expand(markdown: str, src_uri: str) -> str:
                 return render_hints(args[0])
             if name == "output" and len(args) == 1:
                 return render_output(args[0])
+            if name == "schedules" and len(args) == 2:
+                return render_schedules(*args)
             if name == "timeline" and len(args) == 1:
                 return render_timeline(args[0])
             if name == "tolerances" and len(args) == 1:
@@ -133,7 +136,8 @@ def expand(markdown: str, src_uri: str) -> str:
             raise PluginError(f"{src_uri}: {exc}") from exc
         known = {"diff", "grading", "lesson-card", "lessons-table", "results-table", "sizes"}
         known |= {"bandwidth-table", "figures-table", "grading-cost-table", "tolerances"}
-        if name in known | {"bench-table", "bench-plot", "hints", "output", "timeline"}:
+        known |= {"bench-table", "bench-plot", "hints", "output", "timeline", "schedules"}
+        if name in known:
             raise PluginError(f"{src_uri}: malformed directive {m.group(0)!r}")
         return m.group(0)
 

@@ -94,7 +94,7 @@ def render_bench_plot(folder: str, root: Path = ROOT) -> str:
     paths = [target] if target.is_file() else sorted(target.glob("*.json"))
     if not paths:
         raise PluginError(f"bench-plot: no *.json records in {folder!r}")
-    return render.plot_html(_bench_docs(paths, root)) + "\n"
+    return f'<div class="course-figure">{render.plot_html(_bench_docs(paths, root))}</div>\n'
 
 
 # Not inside `code`: a page may show the syntax itself.
@@ -295,4 +295,25 @@ def render_timeline(path: str, root: Path = ROOT) -> str:
         f"Measured on {prov['device']}, torch {prov['torch']}, {prov['date']}, by "
         f"`{prov['command']}`. The record `{path}` is a Chrome trace: open it in "
         "[Perfetto](https://ui.perfetto.dev) to zoom in.*\n"
+    )
+
+
+def render_schedules(path: str, which: str, root: Path = ROOT) -> str:
+    """Lesson 11's measured schedules (`python -m course schedules`): "timeline" or "bubble"."""
+    if not (root / path).is_file():
+        raise PluginError(f"schedules: no such file {path!r}")
+    known_figure(root / path, root)
+    schedules = importlib.import_module("course.tools.schedules")
+    doc = schedules.load(root / path)
+    prov = doc["provenance"]
+    try:
+        image = schedules.render_html(doc, which)
+    except ValueError as exc:
+        raise PluginError(str(exc)) from exc
+    return (
+        f'<div class="course-figure">{image}</div>\n\n'
+        f'??? course-provenance "Measured {prov["date"][:10]} · PyTorch '
+        f'{prov["torch"].split("+")[0]} · CPU"\n\n'
+        f"    On {prov['device']} ({prov['cpus']} cores), PyTorch {prov['torch']}, by "
+        f"`{prov['command']}`; record: `{path}`.\n"
     )
