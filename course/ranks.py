@@ -214,3 +214,61 @@ def require_torchrun(backend: str | None = None) -> str:
         # addresses (pytorch/pytorch#135712, #167288): restarts then fail to connect.
         print("warning: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for reliable restarts")
     return backend_and_world_size(backend, 1)[0]
+
+
+def flight_records() -> list[dict]:
+    """This process's flight recorder, oldest first: every collective it started on any
+    group (gloo records too), each as {"collective_seq_id", "profiling_name" (such as
+    "gloo:all_reduce"), "input_sizes", "state"}. Empty unless TORCH_FR_BUFFER_SIZE was set
+    before the group was made (PyTorch 2.8 keeps none by default; 2.14.1, 2000)."""
+    import pickle
+
+    raw = torch._C._distributed_c10d._dump_fr_trace()
+    keep = ("collective_seq_id", "profiling_name", "input_sizes", "state")
+    return [{k: entry.get(k) for k in keep} for entry in pickle.loads(raw).get("entries", [])]
+
+
+def _kept(rank: int, target, world: int, port: int, keep: str | None, folder: str) -> None:
+    import json
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(cpu_share(world))
+    join_local(rank, world, "gloo", port)
+    try:
+        target(rank, world)
+    except Exception as err:
+        if keep is None:
+            raise
+        kept = str(err) if keep == "message" else flight_records()
+        Path(folder, f"{rank}.json").write_text(json.dumps(kept))
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_gloo(target, world: int, timeout: float, keep: str | None = None) -> dict:
+    """Run target(rank, world) in `world` gloo ranks on this machine, `timeout` seconds of
+    process-group timeout. With `keep`, a rank whose target raises keeps what it knows
+    instead of failing the job: "message" (its error, with TORCH_DISTRIBUTED_DEBUG=DETAIL's
+    checks on) or "flight" (its flight recorder, on PyTorch 2.8 too). Returns {rank: what it
+    kept}, empty when every rank finished."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    import torch.multiprocessing as mp
+
+    os.environ["COURSE_PG_TIMEOUT"] = str(timeout)  # the ranks read both as they join
+    if keep == "message":
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    if keep == "flight":  # on by default since PyTorch 2.9; 2.8 keeps no entries
+        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            mp.spawn(_kept, args=(target, world, free_port(), keep, folder), nprocs=world)
+        except mp.ProcessRaisedException:
+            if keep is None:
+                raise
+        return {int(p.stem): json.loads(p.read_text()) for p in Path(folder).glob("*.json")}

@@ -51,7 +51,7 @@ from course.ranks import free_port
 LESSON = lessons.get("09")
 CASES = Path(__file__).with_name("cases") / "lesson_09.py"
 CASE_NAMES = ("memory_steps", "unused_gradients", "unused_ddp", "hang_fixed", "hang_diagnosis",
-              "silent")  # fmt: skip
+              "hang_flight_records", "silent")  # fmt: skip
 OOM_BATCH, OOM_MICRO, OOM_STEPS, OOM_SEED = 1000, 128, 3, seed(5)  # as in the case script
 DDP_SEED = seed(0)  # the silent DDP step's model, as in the case script
 BUDGET = 8 * memory.MIB  # oom.py's default --budget-mb
@@ -321,6 +321,28 @@ def test_hang_diagnosis_names_the_rank_and_the_collective(calls):
         )
 
 
+@pytest.mark.exercise("hang.py")
+@pytest.mark.points(2)
+@pytest.mark.needs("hang_flight_records")
+def test_hang_flight_recorder_names_the_rank_and_the_collective(calls):
+    """For two hangs planted on 3 or 4 gloo ranks, one where a rank never calls the collective
+    its peers wait in (its last entry is the same op, one sequence number behind) and one where
+    it calls another at the same number, the ranks, collectives and counts drawn from the
+    grading seed: from_flight_records, given each rank's real flight recorder, names that rank
+    and the collective the others wait in."""
+    found = calls("hang_flight_records")
+    for plant, answer in zip(found["plants"], found["answers"], strict=True):
+        world, odd, how, op, instead, before = plant
+        did = "never called it" if how == "behind" else f"called {instead} instead"
+        assert answer == [odd, op], (
+            f"{world} ranks ran {before + 1} {op}s after a barrier, but rank {odd} {did} "
+            f"(drawn from the grading seed): from_flight_records answered rank {answer[0]}, "
+            f"{answer[1]!r}; expected rank {odd}, {op!r}. Compare each rank's last entry, its "
+            "collective_seq_id and its profiling_name both, and name the op without its "
+            "'gloo:' prefix"
+        )
+
+
 # hang.py --timeout: the fix never waits long in a collective, and 5 ranks started warm
 # joined and finished in about 2 s in all (2 cores); 5 s is also what the hanging starter
 # costs this test. Stretched by COURSE_TIMEOUT_SCALE, as every deadline.
@@ -337,14 +359,16 @@ def swapped_rank() -> int:
 
 
 HANG_DIAGNOSE = ["--diagnose", "--timeout", f"{HANG_TIMEOUT:g}"]
+HANG_FLIGHT = ["--flight-recorder", "--timeout", f"{HANG_TIMEOUT:g}"]
 _hang_scripts: dict = {}
 
 
 @pytest.fixture
 def hang_scripts(impl, tmp_path_factory):
-    """{"flags": hang.py HANG_FLAGS, "diagnose": hang.py HANG_DIAGNOSE with one rank's first
-    all_reduce swapped for a broadcast (swapped_rank())}: both launched at once (a starter
-    that hangs waits out its timeout in one while the other starts)."""
+    """{"flags": hang.py HANG_FLAGS, "diagnose": hang.py HANG_DIAGNOSE and "flight": hang.py
+    HANG_FLIGHT, each with one rank's first all_reduce swapped for a broadcast
+    (swapped_rank())}: launched at once (a starter that hangs waits out its timeout in one
+    while the others start)."""
 
     def launch():
         script = LESSON.path(impl).with_name("hang.py")
@@ -352,6 +376,7 @@ def hang_scripts(impl, tmp_path_factory):
         for name, args, env in (
             ("flags", HANG_FLAGS, {}),
             ("diagnose", HANG_DIAGNOSE, {"COURSE_SWAP_ALL_REDUCE": str(swapped_rank())}),
+            ("flight", HANG_FLIGHT, {"COURSE_SWAP_ALL_REDUCE": str(swapped_rank())}),
         ):
             folder = tmp_path_factory.mktemp(f"hang-{name}")
             jobs[name] = dict(args=[sys.executable, str(script), *args], timeout=60, env=env,
@@ -403,6 +428,27 @@ def test_hang_script_diagnose_flag_names_a_planted_mismatch(hang_scripts):
         f"hang.py {' '.join(HANG_DIAGNOSE)}, rank {rank} (drawn from the grading seed) "
         f"planted to broadcast where the others all-reduce: expected 'diagnosis: rank {rank} "
         "is out of step; the others wait in all_reduce' and exit code 1; got exit code "
+        f"{result.returncode} and\n{result.output[-1500:]}"
+    )
+
+
+@pytest.mark.exercise("hang.py")
+@pytest.mark.points(1)
+def test_hang_script_flight_recorder_flag_names_a_planted_mismatch(hang_scripts):
+    """`hang.py --flight-recorder --timeout 5`, with one rank's first all_reduce (the rank
+    drawn from the grading seed) swapped for a broadcast by the grader: the ranks wait out
+    the timeout, each keeps its flight recorder (on PyTorch 2.8 too, where it is off unless
+    TORCH_FR_BUFFER_SIZE is set), and the script prints your from_flight_records()'s answer,
+    "flight recorder: rank R ... all_reduce", and exits 1."""
+    result, rank = hang_scripts["flight"], swapped_rank()
+    if result.timed_out:
+        pytest.fail(f"hang.py {' '.join(HANG_FLIGHT)}: {result.failure()}", pytrace=False)
+    said = r"flight recorder: rank (\d+) is out of step; the others wait in (\w+)"
+    line = re.search(said, result.output)
+    assert result.returncode == 1 and line and line.groups() == (str(rank), "all_reduce"), (
+        f"hang.py {' '.join(HANG_FLIGHT)}, rank {rank} (drawn from the grading seed) planted "
+        f"to broadcast where the others all-reduce: expected 'flight recorder: rank {rank} is "
+        "out of step; the others wait in all_reduce' and exit code 1; got exit code "
         f"{result.returncode} and\n{result.output[-1500:]}"
     )
 

@@ -199,6 +199,22 @@ RECORDINGS = (
         spy=True,
     ),
     Recording(
+        "09_hang_detail",
+        "09_debugging/hang.py",
+        ("--diagnose", "--timeout", "5"),
+        "lesson 09's broken hang.py under DETAIL: every rank's whole message, before diagnose()",
+        starter=True,
+        exit_code=1,
+    ),
+    Recording(
+        "09_hang_flight",
+        "09_debugging/hang.py",
+        ("--flight-recorder", "--timeout", "5"),
+        "lesson 09's broken hang.py: each rank's flight recorder after the timeout (gloo)",
+        starter=True,
+        exit_code=1,
+    ),
+    Recording(
         "09_rendezvous",
         "09_debugging/rendezvous.py",
         ("--give-up", "8"),

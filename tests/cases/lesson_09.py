@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -170,6 +171,96 @@ def hang_diagnosis(lesson):
         if not all(messages.values()):
             raise RuntimeError(f"the planted skip raised on no rank: {messages}")
         rank, collective = module.diagnose(messages)
+        answers.append([int(rank), str(collective)])
+    return {"answers": answers, "plants": [list(p) for p in planted]}
+
+
+# A planted flight-recorder hang waits for the process-group timeout once, in the ranks
+# stuck in the planted collective: 2 s, as every deadline stretched by COURSE_TIMEOUT_SCALE.
+# The collectives before it run after a barrier, so a rank slow to start on a busy machine
+# delays them instead of timing them out; a run whose records show otherwise is run again
+# with PG_TIMEOUT_S (fr_records).
+FR_TIMEOUT_S = 2 * procs.timeout_scale()
+
+
+def fr_plants() -> list[tuple[int, int, str, str, str, int]]:
+    """The hangs the flight-recorder reader is asked about, drawn from the grading seed:
+    (ranks, the odd rank, "behind" (it never calls the collective the others wait in) or
+    "instead" (it calls another), the others' collective, the odd rank's, how many of the
+    others' collective every rank runs before). One of each kind, in a drawn order."""
+    found = []
+    for i, how in enumerate(shuffled("09.fr_how", ("behind", "instead"))):
+        world = draw(f"09.fr_world{i}", (3, 4))
+        op = draw(f"09.fr_op{i}", COLLECTIVES)
+        others = ["barrier", *(c for c in COLLECTIVES if c != op)]
+        instead = draw(f"09.fr_instead{i}", others) if how == "instead" else ""
+        found.append((world, draw(f"09.fr_odd{i}", range(world)), how, op, instead,
+                      draw(f"09.fr_before{i}", (1, 2, 4))))  # fmt: skip
+    return found
+
+
+def _collective(which: str, t: torch.Tensor, world: int, src: int) -> None:
+    if which == "all_reduce":
+        dist.all_reduce(t)
+    elif which == "broadcast":
+        dist.broadcast(t, src=src)
+    elif which == "all_gather":
+        dist.all_gather([torch.empty_like(t) for _ in range(world)], t)
+    elif which == "barrier":
+        dist.barrier()
+
+
+def _fr_rank(rank, world, port, out, odd, how, op, instead, before):
+    """A barrier, `before` of the others' collective, then the planted one; each rank writes its
+    flight recorder once it is stuck (the timeout, or a peer gone)."""
+    ranks.join_local(rank, world, "gloo", port)
+    t = torch.ones(3)
+    try:
+        dist.barrier()  # every rank is here: what follows runs together
+        for _ in range(before):  # the same op: a rank behind differs only in its count
+            _collective(op, t, world, (odd + 1) % world)
+        if rank != odd:
+            _collective(op, t, world, (odd + 1) % world)
+        elif how == "instead":
+            _collective(instead, t, world, (odd + 1) % world)
+    except RuntimeError:
+        pass  # the timeout, or a peer that left: what the reader is given is below
+    finally:
+        Path(out, f"{rank}.json").write_text(json.dumps(ranks.flight_records()))
+        if rank == odd and how == "behind":
+            time.sleep(FR_TIMEOUT_S)  # it stays, stuck elsewhere, while the others time out
+        dist.destroy_process_group()
+
+
+@cases.case
+def hang_flight_records(lesson):
+    """hang.from_flight_records on the flight recorders of real hangs planted on gloo ranks
+    (fr_plants()), each rank's entries as ranks.flight_records() gives them."""
+    module = sibling("hang.py", ("train", "from_flight_records"))
+    try:  # a starter's TODO fails at once, before the planted hangs cost their timeouts
+        module.from_flight_records({0: [], 1: [], 2: []})
+    except NotImplementedError as err:
+        if "TODO at" in str(err):
+            raise
+    except Exception:  # noqa: BLE001 - an answer to no hang at all is not graded
+        pass
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "2000"  # PyTorch 2.8 keeps none by default
+    answers, planted = [], fr_plants()
+    for world, odd, how, op, instead, before in planted:
+        for timeout in (FR_TIMEOUT_S, PG_TIMEOUT_S):
+            os.environ["COURSE_PG_TIMEOUT"] = f"{timeout:g}"
+            out = cases.out / f"fr-{world}-{odd}-{how}-{timeout:g}"
+            out.mkdir(parents=True, exist_ok=True)
+            cases.spawn(_fr_rank, world, str(out), odd, how, op, instead, before,
+                        what=f"flight recorder {world} {odd} {how}")  # fmt: skip
+            records = {r: json.loads(Path(out, f"{r}.json").read_text()) for r in range(world)}
+            # as planted: a barrier, `before` collectives, then the planted one
+            full = before + 2 - (how == "behind")
+            if all(len(records[r]) == (full if r == odd else before + 2) for r in records):
+                break
+        else:
+            raise RuntimeError(f"the planted hang did not record as planted: {records}")
+        rank, collective = module.from_flight_records(records)
         answers.append([int(rank), str(collective)])
     return {"answers": answers, "plants": [list(p) for p in planted]}
 

@@ -94,7 +94,8 @@ MUTANTS = [
     dict(
         name="diagnose_reads_the_checkers_collective",
         file=HANG,
-        why="the op after 'but Rank N is running': the checker's own REDUCE, GATHER",
+        why="the op after 'but Rank N is running': another rank's fingerprint length read "
+        "as an op (REDUCE, GATHER)",
         old=r'r"Rank (\d+) is running collective: [^)]*?OpType',
         new=r'r".*but Rank (\d+) is running collective: [^)]*?OpType',
         caught_by="diagnosis",
@@ -115,6 +116,40 @@ MUTANTS = [
         old="    odd = [rank for rank, op in own.items() if op != common]\n",
         new='    odd = [rank for rank, op in own.items() if op == "BARRIER"]\n',
         caught_by="diagnosis",
+    ),
+    dict(
+        name="flight_records_first_entry",
+        file=HANG,
+        why="each rank's first entry read, not its last: the collective every rank began with",
+        old='            last[rank] = (entries[-1]["collective_seq_id"], entries[-1]["profiling_name"])',
+        new='            last[rank] = (entries[0]["collective_seq_id"], entries[0]["profiling_name"])',
+        caught_by="flight_recorder_names",
+    ),
+    dict(
+        name="flight_records_names_only",
+        file=HANG,
+        why="only the op compared: a rank that never reached the others' collective, its "
+        "last one the same op, looks in step",
+        old='            last[rank] = (entries[-1]["collective_seq_id"], entries[-1]["profiling_name"])',
+        new='            last[rank] = (0, entries[-1]["profiling_name"])',
+        caught_by="flight_recorder_names",
+    ),
+    dict(
+        name="flight_records_sequence_only",
+        file=HANG,
+        why="only the sequence numbers compared: a rank in another op at the same number "
+        "looks in step",
+        old='            last[rank] = (entries[-1]["collective_seq_id"], entries[-1]["profiling_name"])',
+        new='            last[rank] = (entries[-1]["collective_seq_id"], "gloo:all_reduce")',
+        caught_by="flight_recorder_names",
+    ),
+    dict(
+        name="flight_records_prefix_kept",
+        file=HANG,
+        why="the backend's prefix kept: \"gloo:all_reduce\" is not torch.distributed's name",
+        old='    return odd[0], common[1].split(":")[-1]',
+        new="    return odd[0], common[1]",
+        caught_by="flight_recorder_names",
     ),
     # --- rendezvous.py ---
     dict(
@@ -281,17 +316,25 @@ MUTANTS = [
         name="hang_nproc_ignored",
         file=HANG,
         why="--nproc read but not used: always 3 ranks",
-        old="args=(args.nproc, ranks.free_port(), args, errors), nprocs=args.nproc)",
-        new="args=(3, ranks.free_port(), args, errors), nprocs=3)",
+        old="ranks.spawn_gloo(worker, args.nproc, args.timeout, keep)",
+        new="ranks.spawn_gloo(worker, 3, args.timeout, keep)",
         caught_by="hang_script",
     ),
     dict(
         name="hang_diagnose_flag_ignored",
         file=HANG,
         why="--diagnose read but DETAIL never turned on: no fingerprints to diagnose from",
-        old='        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"\n',
-        new="        pass\n",
+        old='    keep = "message" if args.diagnose else "flight" if args.flight_recorder else None',
+        new='    keep = "flight" if args.flight_recorder else None',
         caught_by="diagnose_flag",
+    ),
+    dict(
+        name="hang_flight_recorder_flag_ignored",
+        file=HANG,
+        why="--flight-recorder read but nothing kept: the hang fails the job as before",
+        old='    keep = "message" if args.diagnose else "flight" if args.flight_recorder else None',
+        new='    keep = "message" if args.diagnose else None',
+        caught_by="flight_recorder_flag",
     ),
     dict(
         name="rendezvous_give_up_ignored",
@@ -316,6 +359,7 @@ ALTERNATIVES = [
         name="accumulate_by_share_and_other_honest_fixes",
         why="oom: each micro-batch's mean loss weighted by its share of the batch; unused: the "
         "head used in forward instead of removed; hang: DistributedSampler's padded shards; "
+        "flight recorder: the rank behind found first, by sequence number; "
         "rendezvous: rank 0 tries the port itself and exits with sys.exit, store.wait with a "
         "timeout; starved: DataLoader's defaults besides the workers; silent: sampler.epoch "
         "set directly, seed + rank, the counts gathered with all_gather",
@@ -334,6 +378,17 @@ ALTERNATIVES = [
             ),
             dict(
                 file=HANG, old="    dist.all_reduce(steps, op=dist.ReduceOp.MIN)", new="    pass  #"
+            ),
+            dict(  # the flight recorder read another way: furthest sequence first, then ops
+                file=HANG,
+                old="    common, _ = Counter(last.values()).most_common(1)[0]  # what most ranks "
+                "are stuck in\n",
+                new="    furthest = max(seq for seq, _ in last.values())\n"
+                "    behind = [r for r, (seq, _) in last.items() if seq < furthest]\n"
+                "    ops = sorted(op for seq, op in last.values() if seq == furthest)\n"
+                "    common = (furthest, max(set(ops), key=ops.count))\n"
+                "    if behind:\n"
+                "        return behind[0], common[1].partition(':')[2] or common[1]\n",
             ),
             dict(
                 file=HANG,
