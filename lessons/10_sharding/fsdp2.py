@@ -105,8 +105,10 @@ def train(rank: int, world_size: int, device, args) -> None:
         if rank == 0:
             print(f"resumed from {found} (step {start}) on {world_size} ranks")
         if start >= args.steps and rank == 0:  # a re-run of the same command: say so
-            print(f"nothing to train: {found} is at step {start}, --steps {args.steps} (a "
-                  "higher --steps trains on; another --checkpoint folder starts afresh)")
+            print(
+                f"nothing to train: {found} is at step {start}, --steps {args.steps} (a "
+                "higher --steps trains on; another --checkpoint folder starts afresh)"
+            )
     for step in range(start + 1, args.steps + 1):
         tokens, targets = data.lookup_tokens(step, 0, BATCH, VOCAB)  # the global batch
         tokens, targets = (t.chunk(world_size)[rank].to(device) for t in (tokens, targets))
