@@ -81,6 +81,7 @@ from directives.records import (  # noqa: E402
     render_schedules,
     render_sizes,
     render_timeline,
+    render_zero_stages,
 )
 from directives.snippets import find_mermaid_js, render_diff  # noqa: E402
 from directives.solutions import expand_snippets  # noqa: E402
@@ -126,6 +127,8 @@ def expand(markdown: str, src_uri: str) -> str:
                 return render_hints(args[0])
             if name == "output" and len(args) == 1:
                 return render_output(args[0])
+            if name == "zero-stages" and len(args) == 1:
+                return render_zero_stages(args[0])
             if name == "schedules" and len(args) == 2:
                 return render_schedules(*args)
             if name == "timeline" and len(args) == 1:
@@ -137,6 +140,7 @@ def expand(markdown: str, src_uri: str) -> str:
         known = {"diff", "grading", "lesson-card", "lessons-table", "results-table", "sizes"}
         known |= {"bandwidth-table", "figures-table", "grading-cost-table", "tolerances"}
         known |= {"bench-table", "bench-plot", "hints", "output", "timeline", "schedules"}
+        known |= {"zero-stages"}
         if name in known:
             raise PluginError(f"{src_uri}: malformed directive {m.group(0)!r}")
         return m.group(0)

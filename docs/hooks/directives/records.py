@@ -317,3 +317,20 @@ def render_schedules(path: str, which: str, root: Path = ROOT) -> str:
         f"    On {prov['device']} ({prov['cpus']} cores), PyTorch {prov['torch']}, by "
         f"`{prov['command']}`; record: `{path}`.\n"
     )
+
+
+def render_zero_stages(name: str) -> str:
+    """Lesson 10's figure of the ZeRO stages, from a `course memory` recording."""
+    doc = read_record(name)
+    zero_stages = importlib.import_module("course.tools.zero_stages")
+    try:
+        image = zero_stages.render_html(doc)
+    except ValueError as exc:
+        raise PluginError(str(exc)) from exc
+    return (
+        f'<div class="course-figure">{image}</div>\n\n'
+        f'??? course-provenance "Bytes computed from the formula; counted: outputs/{name}"\n\n'
+        f"    The bars are the formula's, for the model and rank count of `{doc['shown']}`; "
+        "the counted figures are that command's, recorded on "
+        f"{doc['provenance']['date']} with PyTorch {doc['provenance']['torch']}.\n"
+    )
