@@ -23,12 +23,14 @@ python -m course clock SCRIPT [ARGS]       # a script's steps and its data-wait 
 python -m course spy SCRIPT [ARGS]         # the stack of every rank of a stuck job (py-spy)
 python -m course memory [--nproc 2]        # lesson 10's sharding ways: bytes predicted, counted
 python -m course find-unused               # lesson 09: what find_unused_parameters=True costs
+
+Over 300 lines, on purpose: every verb's parser is here, so that `--help` lists them all
+and each verb is found in one place; the work of each lives in its own module.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -159,14 +161,10 @@ def _run(args) -> int:
 
         ranks.backend_and_world_size("nccl", args.nproc)
     print("$", " ".join(command), flush=True)
-    if args.backend != "nccl" and not os.environ.get("ATEN_CPU_CAPABILITY"):
-        import torch
+    if args.backend != "nccl":
+        from course.tools.record import say_capability
 
-        from course.tools.record import capability_note
-
-        note = capability_note(os.environ, torch.backends.cpu.get_cpu_capability())
-        if note:
-            print(note, flush=True)
+        say_capability()
     # The student's own thread settings: each lesson shares the CPU itself.
     return subprocess.call(command, env=procs.child_env(one_thread=False))
 
@@ -216,13 +214,7 @@ def _list(_args) -> int:
 def _hint(args) -> int:
     from course.tools import hints
 
-    which = list(args.which)
-    script = which.pop(0) if which and not which[0].lstrip("-").isdigit() else None
-    if len(which) > 1 or (which and not which[0].lstrip("-").isdigit()):
-        raise ValueError(f"expected [SCRIPT] [N] after the lesson, got {' '.join(args.which)}")
-    number = int(which[0]) if which else 1
-    if number < 1:
-        raise ValueError("hints are numbered from 1")
+    script, number = hints.parse_which(args.which)
     impl = lessons.resolve_impl(args.impl)
     print(hints.hint(lessons.get(args.lesson), number, impl, script))
     return 0

@@ -112,3 +112,15 @@ def hint(lesson: lessons.Lesson, number: int, impl: Path, script: str | None = N
         lines.append(f"other scripts: {', '.join(others)} (python -m course hint "
                      f"{lesson.number} SCRIPT: that script's next TODO)")  # fmt: skip
     return "\n".join(textwrap.fill(line, 88, subsequent_indent="  ") for line in lines)
+
+
+def parse_which(which: list[str]) -> tuple[str | None, int]:
+    """`hint NN [SCRIPT] [N]`'s words after the lesson: (the script or None, the hint)."""
+    words = list(which)
+    script = words.pop(0) if words and not words[0].lstrip("-").isdigit() else None
+    if len(words) > 1 or (words and not words[0].lstrip("-").isdigit()):
+        raise ValueError(f"expected [SCRIPT] [N] after the lesson, got {' '.join(which)}")
+    number = int(words[0]) if words else 1
+    if number < 1:
+        raise ValueError("hints are numbered from 1")
+    return script, number

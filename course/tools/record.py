@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import re
 from pathlib import Path
@@ -135,6 +136,16 @@ def capability_note(environ, capability: str) -> str | None:
             f"with {PINNED_ENV['ATEN_CPU_CAPABILITY'].upper()}: losses and accuracies may "
             f"differ in the last digits. {same} before the command prints the pages' "
             "numbers.")  # fmt: skip
+
+
+def say_capability() -> None:
+    """Print capability_note's line, where the environment does not pin the kernels."""
+    import torch
+
+    if not os.environ.get("ATEN_CPU_CAPABILITY"):
+        note = capability_note(os.environ, torch.backends.cpu.get_cpu_capability())
+        if note:
+            print(note, flush=True)
 
 
 def run(recording: Recording, cwd: Path) -> procs.RunResult:

@@ -68,6 +68,7 @@ for _path in (ROOT, HOOKS):  # the course package (installed or not), and ./dire
 
 from directives.grading import render_grading  # noqa: E402
 from directives.hints import render_hints, render_lesson_card, render_lessons_table  # noqa: E402
+from directives.lesson_figures import render_schedules, render_zero_stages  # noqa: E402
 from directives.records import (  # noqa: E402
     INLINE,
     render_bandwidth_table,
@@ -78,10 +79,8 @@ from directives.records import (  # noqa: E402
     render_inline,
     render_output,
     render_results,
-    render_schedules,
     render_sizes,
     render_timeline,
-    render_zero_stages,
 )
 from directives.snippets import find_mermaid_js, render_diff  # noqa: E402
 from directives.solutions import expand_snippets  # noqa: E402

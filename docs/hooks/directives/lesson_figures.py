@@ -1,0 +1,49 @@
+"""Figures of one lesson drawn from a record: lesson 10's ZeRO stages, lesson 11's
+pipeline schedules and bubble."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+
+from directives.common import ROOT, known_figure, read_record
+
+
+def render_schedules(path: str, which: str, root: Path = ROOT) -> str:
+    """Lesson 11's measured schedules (`python -m course schedules`): "timeline" or "bubble"."""
+    if not (root / path).is_file():
+        raise PluginError(f"schedules: no such file {path!r}")
+    known_figure(root / path, root)
+    schedules = importlib.import_module("course.tools.schedules")
+    doc = schedules.load(root / path)
+    prov = doc["provenance"]
+    try:
+        image = schedules.render_html(doc, which)
+    except ValueError as exc:
+        raise PluginError(str(exc)) from exc
+    return (
+        f'<div class="course-figure">{image}</div>\n\n'
+        f'??? course-provenance "Measured {prov["date"][:10]} · PyTorch '
+        f'{prov["torch"].split("+")[0]} · CPU"\n\n'
+        f"    On {prov['device']} ({prov['cpus']} cores), PyTorch {prov['torch']}, by "
+        f"`{prov['command']}`; record: `{path}`.\n"
+    )
+
+
+def render_zero_stages(name: str) -> str:
+    """Lesson 10's figure of the ZeRO stages, from a `course memory` recording."""
+    doc = read_record(name)
+    zero_stages = importlib.import_module("course.tools.zero_stages")
+    try:
+        image = zero_stages.render_html(doc)
+    except ValueError as exc:
+        raise PluginError(str(exc)) from exc
+    return (
+        f'<div class="course-figure">{image}</div>\n\n'
+        f'??? course-provenance "Bytes computed from the formula; counted: outputs/{name}"\n\n'
+        f"    The bars are the formula's, for the model and rank count of `{doc['shown']}`; "
+        "the counted figures are that command's, recorded on "
+        f"{doc['provenance']['date']} with PyTorch {doc['provenance']['torch']}.\n"
+    )
