@@ -42,7 +42,7 @@ def render_zero_stages(name: str) -> str:
         raise PluginError(str(exc)) from exc
     return (
         f'<div class="course-figure">{image}</div>\n\n'
-        f'??? course-provenance "Bytes computed from the formula; counted: outputs/{name}"\n\n'
+        f'??? course-provenance "Formula · counted: {name}"\n\n'
         f"    The bars are the formula's, for the model and rank count of `{doc['shown']}`; "
         "the counted figures are that command's, recorded on "
         f"{doc['provenance']['date']} with PyTorch {doc['provenance']['torch']}.\n"
