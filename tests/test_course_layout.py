@@ -142,3 +142,17 @@ def test_no_module_over_300_lines_without_a_reason_at_its_top():
         and "Over 300 lines, on purpose" not in (ast.get_docstring(ast.parse(p.read_text())) or "")
     }
     assert not long, f"files over 300 lines without a reason at their top: {long}"
+
+
+def test_the_site_hook_imports_the_course_by_name_only_to_reload_the_registry():
+    """docs/hooks imports course.tools statically, so that the layout test and a reader see
+    what the site depends on; only the lesson registry is imported by string, to reload it
+    for `mkdocs serve`."""
+    hooks = ROOT / "docs" / "hooks"
+    found = [
+        f"{p.relative_to(ROOT)}: {m}"
+        for p in sorted(hooks.rglob("*.py"))
+        for m in re.findall(r"import_module\(\s*\"([\w.]+)\"", p.read_text(encoding="utf-8"))
+        if m != "course.lessons"
+    ]
+    assert not found, f"modules imported by string in the site hook: {found}"

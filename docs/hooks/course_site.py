@@ -41,6 +41,11 @@ and it is left alone inside a fenced code block:
 ``<!-- tolerances: NN -->``
     Every bound lesson NN's tests allow, and what the reference reached over many seeds
     (``python -m course tolerances``). Inline, ``[[tolerance:NN:NAME]]`` quotes one.
+``<!-- zero-stages: NAME -->``
+    Lesson 10's figure of the ZeRO stages, from the ``course memory`` recording NAME.
+``<!-- schedules: docs/results/FOLDER/FILE.json timeline|bubble -->``
+    A ``python -m course schedules`` record: lesson 11's measured GPipe and 1F1B, or
+    1F1B's bubble against the formula.
 ``<!-- bench-plot: docs/results/FOLDER -->``
     The plot of every ``course bench`` record in that folder (or of one record:
     a FILE.json path), drawn at build time. Inline, ``[[bench:FOLDER/FILE:KEY.FIELD]]``
@@ -94,55 +99,43 @@ DIRECTIVE = re.compile(
 )
 
 
+# Every directive: name -> (how many arguments it takes, what renders it, whether the
+# renderer also gets the page's folder). The module docstring says what each shows.
+DIRECTIVES = {
+    "diff": ((2,), render_diff, False),
+    "grading": ((1,), render_grading, False),
+    "lesson-card": ((1,), render_lesson_card, False),
+    "lessons-table": ((0,), render_lessons_table, True),
+    "sizes": ((0,), render_sizes, False),
+    "figures-table": ((0,), render_figures, False),
+    "grading-cost-table": ((1,), render_grading_cost, False),
+    "bandwidth-table": ((1, 2), render_bandwidth_table, False),
+    "results-table": ((1,), render_results, False),
+    "bench-table": ((1,), render_bench_table, False),
+    "bench-plot": ((1,), render_bench_plot, False),
+    "hints": ((1,), render_hints, False),
+    "output": ((1,), render_output, False),
+    "zero-stages": ((1,), render_zero_stages, False),
+    "schedules": ((2,), render_schedules, False),
+    "timeline": ((1,), render_timeline, False),
+    "tolerances": ((1,), render_tolerances, False),
+}
+
+
 def expand(markdown: str, src_uri: str) -> str:
     page_dir = src_uri.rsplit("/", 1)[0] if "/" in src_uri else ""
 
     def replace(m: re.Match) -> str:
         name, args = m.group("name"), m.group("args").split()
+        if name not in DIRECTIVES:
+            return m.group(0)  # an HTML comment that is no directive
+        counts, render, wants_page = DIRECTIVES[name]
+        if len(args) not in counts:
+            raise PluginError(f"{src_uri}: malformed directive {m.group(0)!r}")
         try:
-            if name == "diff" and len(args) == 2:
-                return render_diff(*args)
-            if name == "grading" and len(args) == 1:
-                return render_grading(args[0])
-            if name == "lesson-card" and len(args) == 1:
-                return render_lesson_card(args[0])
-            if name == "lessons-table" and not args:
-                return render_lessons_table(page_dir)
-            if name == "sizes" and not args:
-                return render_sizes()
-            if name == "figures-table" and not args:
-                return render_figures()
-            if name == "grading-cost-table" and len(args) == 1:
-                return render_grading_cost(args[0])
-            if name == "bandwidth-table" and len(args) in (1, 2):
-                return render_bandwidth_table(*args)
-            if name == "results-table" and len(args) == 1:
-                return render_results(args[0])
-            if name == "bench-table" and len(args) == 1:
-                return render_bench_table(args[0])
-            if name == "bench-plot" and len(args) == 1:
-                return render_bench_plot(args[0])
-            if name == "hints" and len(args) == 1:
-                return render_hints(args[0])
-            if name == "output" and len(args) == 1:
-                return render_output(args[0])
-            if name == "zero-stages" and len(args) == 1:
-                return render_zero_stages(args[0])
-            if name == "schedules" and len(args) == 2:
-                return render_schedules(*args)
-            if name == "timeline" and len(args) == 1:
-                return render_timeline(args[0])
-            if name == "tolerances" and len(args) == 1:
-                return render_tolerances(args[0])
+            return render(*args, page_dir) if wants_page else render(*args)
         except PluginError as exc:
             raise PluginError(f"{src_uri}: {exc}") from exc
-        known = {"diff", "grading", "lesson-card", "lessons-table", "results-table", "sizes"}
-        known |= {"bandwidth-table", "figures-table", "grading-cost-table", "tolerances"}
-        known |= {"bench-table", "bench-plot", "hints", "output", "timeline", "schedules"}
-        known |= {"zero-stages"}
-        if name in known:
-            raise PluginError(f"{src_uri}: malformed directive {m.group(0)!r}")
-        return m.group(0)
 
     def indented(m: re.Match) -> str:
         """A directive inside a tab or an admonition: its expansion keeps the indent."""

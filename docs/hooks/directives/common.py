@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
+
+from course.tools import figures, hints, record
 
 # The repository: docs/hooks/directives/ is three folders down.
 ROOT = Path(__file__).resolve().parents[3]
@@ -50,7 +51,6 @@ def run_commands(lesson) -> list[str]:
 def known_figure(path: Path, root: Path = ROOT) -> None:
     """A page renders only figures that `python -m course figures` knows how to make again."""
     load_lessons()  # puts the repository on sys.path
-    figures = importlib.import_module("course.tools.figures")
     try:
         figures.recipe(path, root)
     except figures.UnknownFigure as exc:
@@ -62,7 +62,7 @@ def read_record(name: str) -> dict:
     load_lessons()  # puts the repository on sys.path
     known_figure(ROOT / "docs" / "results" / "outputs" / f"{name}.json")
     try:
-        return importlib.import_module("course.tools.record").load(name)
+        return record.load(name)
     except FileNotFoundError as exc:
         raise PluginError(str(exc)) from exc
 
@@ -72,7 +72,7 @@ def lesson_todos(where: str, number: str) -> list[dict]:
     lessons = {lesson.number: lesson for lesson in load_lessons()}
     if number not in lessons:
         raise PluginError(f"{where}: lesson {number!r} is not in course.lessons.LESSONS")
-    todos = importlib.import_module("course.tools.hints").todos(lessons[number])
+    todos = hints.todos(lessons[number])
     if not todos:
         raise PluginError(f"{where}: lesson {number} has no hints.json (run course release)")
     return todos

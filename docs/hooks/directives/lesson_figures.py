@@ -3,11 +3,11 @@ pipeline schedules and bubble."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
+from course.tools import schedules, zero_stages
 from directives.common import ROOT, known_figure, read_record
 
 
@@ -16,7 +16,6 @@ def render_schedules(path: str, which: str, root: Path = ROOT) -> str:
     if not (root / path).is_file():
         raise PluginError(f"schedules: no such file {path!r}")
     known_figure(root / path, root)
-    schedules = importlib.import_module("course.tools.schedules")
     doc = schedules.load(root / path)
     prov = doc["provenance"]
     try:
@@ -35,7 +34,6 @@ def render_schedules(path: str, which: str, root: Path = ROOT) -> str:
 def render_zero_stages(name: str) -> str:
     """Lesson 10's figure of the ZeRO stages, from a `course memory` recording."""
     doc = read_record(name)
-    zero_stages = importlib.import_module("course.tools.zero_stages")
     try:
         image = zero_stages.render_html(doc)
     except ValueError as exc:

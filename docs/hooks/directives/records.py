@@ -6,14 +6,13 @@ bandwidth tables, the lessons' sizes, and the inline ``[[todo:]]``, ``[[bench:]]
 from __future__ import annotations
 
 import base64
-import importlib
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
+from course.tools import bandwidth, figures, grading_cost, sizes
 from course.tools.bench import render
 from directives.common import ROOT, known_figure, lesson_todos, read_record
 from directives.tolerances import render_tolerance_figure
@@ -159,7 +158,6 @@ def render_bench_figure(record: str, spec: str, root: Path = ROOT) -> str:
 def render_bandwidth_figure(record: str, name: str, root: Path = ROOT) -> str:
     """[[bandwidth:FOLDER/FILE:NAME]]: a figure of a `course bandwidth` record under
     docs/results (course.tools.bandwidth.figures: smallest_time, latency_bound)."""
-    bandwidth = importlib.import_module("course.tools.bandwidth")
     path = root / "docs" / "results" / f"{record}.json"
     try:
         doc = json.loads(path.read_text())
@@ -193,7 +191,6 @@ def render_inline(m: re.Match) -> str:
 def render_bandwidth_table(path: str, limit: str | None = None, root: Path = ROOT) -> str:
     """A `python -m course bandwidth` record as a table, with its provenance; `limit`:
     the link's rated GB/s per direction, which the page names and sources."""
-    bandwidth = importlib.import_module("course.tools.bandwidth")
     known_figure(root / path, root)
     try:
         doc = json.loads((root / path).read_text())
@@ -214,7 +211,6 @@ def render_bandwidth_table(path: str, limit: str | None = None, root: Path = ROO
 
 def render_grading_cost(path: str, root: Path = ROOT) -> str:
     """A `python -m course grading-cost` record: each lesson's grading, timed."""
-    grading_cost = importlib.import_module("course.tools.grading_cost")
     known_figure(root / path, root)
     try:
         doc = json.loads((root / path).read_text())
@@ -232,7 +228,6 @@ def render_grading_cost(path: str, root: Path = ROOT) -> str:
 def render_figures(root: Path = ROOT) -> str:
     """Every figure under docs/results: its record, the command that makes it again, what
     that needs, and when, where and on which PyTorch it was made."""
-    figures = importlib.import_module("course.tools.figures")
     try:
         known = figures.catalog(root)
     except figures.UnknownFigure as exc:
@@ -256,7 +251,6 @@ def render_sizes(root: Path = ROOT) -> str:
     """`python -m course sizes` as a table: code lines and changes of every solution."""
     if not (root / "solutions").is_dir():  # the instructor build, from a checkout without it
         return "*Measured on `solutions/`, which this build leaves out.*\n"
-    sizes = importlib.import_module("course.tools.sizes")
     rows = sizes.measure(root / "solutions")
     out = [
         "| lesson | file | lines | code lines | builds on | changed code lines | page diff |",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
+from course.tools import sizes
 from directives.common import ROOT
 from directives.solutions import fold_diff, included
 
@@ -35,7 +36,6 @@ def render_diff(old: str, new: str, root: Path = ROOT) -> str:
             raise PluginError(f"diff: no such file {rel!r} (paths are relative to the repo root)")
     # The lines `python -m course sizes` counts: no section or solution markers, no
     # hints (the page shows them folded, in their own section).
-    sizes = importlib.import_module("course.tools.sizes")
     a, b = ((root / rel).read_text(encoding="utf-8") for rel in (old, new))
     lines = sizes.diff(a, b, old, new)
     if not lines:
