@@ -183,6 +183,16 @@ def get(number: str | int) -> Lesson:
     raise UnknownLesson(f"no lesson {number!r}; the lessons are {known} (python -m course list)")
 
 
+def test_files(lesson: Lesson | str | None = None, root: str | Path = REPO_ROOT) -> list[Path]:
+    """The test files that grade `lesson` (a Lesson or its number), or every lesson's (None),
+    under `root`'s tests/: the one answer to "which tests grade lesson NN"."""
+    if lesson is None:
+        pattern = "[0-9][0-9]"
+    else:
+        pattern = (get(lesson) if isinstance(lesson, str) else lesson).number
+    return sorted((Path(root) / "tests").glob(f"test_{pattern}_*.py"))
+
+
 def resolve_impl(impl: str | Path) -> Path:
     """Map --impl (lessons, solutions or a folder shaped like lessons/) to a folder."""
     if str(impl) in ("lessons", "solutions"):

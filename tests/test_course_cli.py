@@ -243,3 +243,15 @@ def test_the_assistants_policy_names_only_real_commands():
                                text=True, timeout=60).stdout  # fmt: skip
     unknown = [v for v in verbs if not re.search(rf"\b{v}\b", help_text)]
     assert not unknown, f"AGENTS.md names commands the CLI does not have: {unknown}"
+
+
+def test_the_registry_answers_which_tests_grade_each_lesson(tmp_path):
+    """lessons.test_files: each lesson's own files (by Lesson or number), every lesson's
+    together, none shared; under another root, that root's."""
+    every = lessons.test_files()
+    per = [lessons.test_files(lesson) for lesson in lessons.LESSONS]
+    assert all(per) and sorted(p for files in per for p in files) == every
+    assert lessons.test_files("10") == lessons.test_files(lessons.get("10"))
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_03_mine.py").write_text("")
+    assert [p.name for p in lessons.test_files("03", tmp_path)] == ["test_03_mine.py"]

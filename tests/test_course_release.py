@@ -126,7 +126,7 @@ def test_every_lesson_folder_is_registered_with_its_script_and_tests():
         assert lesson.launcher in lessons.LAUNCHERS
         assert lesson.path(REPO_ROOT / "solutions").is_file()
         assert lesson.path(REPO_ROOT / "lessons").is_file()
-        assert list((REPO_ROOT / "tests").glob(f"test_{lesson.number}_*.py")), lesson.number
+        assert lessons.test_files(lesson), lesson.number
         source = lesson.path(REPO_ROOT / "solutions").read_text()
         assert source.startswith('"""') and "python " in source.split('"""')[1], (
             f"{lesson.slug}: the docstring must open with the commands that run it"

@@ -42,7 +42,7 @@ def grade(grader, tmp_path, files, *options, timeout=300):
 
 
 def lesson_test_files(lesson):
-    return sorted((REPO_ROOT / "tests").glob(f"test_{lesson.number}_*.py"))
+    return lessons.test_files(lesson)
 
 
 def copy_solutions(tmp_path):

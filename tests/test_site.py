@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 import pytest
 
+from course import lessons as registry
 from course.grader import rules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +167,7 @@ def test_every_graded_test_says_what_it_checks():
     its name turned into a sentence."""
     bare = [
         f"{path.name}::{t.name}"
-        for path in sorted((ROOT / "tests").glob("test_[0-9][0-9]_*.py"))
+        for path in registry.test_files(None, ROOT)
         for t in rules.collect_graded_tests(path)
         if not t.doc
     ]
@@ -207,7 +208,7 @@ def test_run_it_commands_run_the_students_own_file(page):
 
 def test_grading_tables_match_the_tests(site):
     """Each lesson page's table lists every test with the cases pytest really collects."""
-    test_files = sorted((ROOT / "tests").glob("test_[0-9][0-9]_*.py"))
+    test_files = registry.test_files(None, ROOT)
     assert test_files, "no lesson tests in tests/"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", *map(str, test_files)],

@@ -77,7 +77,7 @@ def files_for(numbers: list[str]) -> list[Path]:
     tests = REPO_ROOT / "tests"
     chosen += [tests / "conftest.py", *sorted((tests / "cases").glob("*.py"))]
     for number in numbers:
-        chosen += sorted(tests.glob(f"test_{number}_*.py"))
+        chosen += lessons.test_files(number)
     chosen += [REPO_ROOT / "pyproject.toml", REPO_ROOT / "README.md"]
     return [p.relative_to(REPO_ROOT) for p in chosen]
 

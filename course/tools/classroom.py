@@ -82,9 +82,7 @@ def cpu_points(numbers: list[str]) -> dict[str, float]:
     need GPUs (they skip there), as pytest collects them with the grader's plugin."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "points.json"
-        files = [
-            str(f) for n in numbers for f in sorted((REPO_ROOT / "tests").glob(f"test_{n}_*.py"))
-        ]
+        files = [str(f) for n in numbers for f in lessons.test_files(n)]
         command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
         command += ["-p", "no:xdist", "-p", "course.tools.classroom", *files]
         run = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from pathlib import Path
 
 import course
 from course import REPO_ROOT, lessons, procs
@@ -177,7 +176,7 @@ def grade_command(
     chosen = [lessons.get(n) for n in numbers] or list(lessons.LESSONS)
     files = []
     for lesson in chosen:
-        found = sorted((Path(root) / "tests").glob(f"test_{lesson.number}_*.py"))
+        found = lessons.test_files(lesson, root)
         if not found:
             raise FileNotFoundError(f"lesson {lesson.number} has no tests in tests/")
         files += [str(f) for f in found]

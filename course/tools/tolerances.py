@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from course import REPO_ROOT, atomic, procs
+from course import REPO_ROOT, atomic, lessons, procs
 from course.grader import tolerances
 from course.tools import mutants
 from course.tools.tolerance_record import (
@@ -51,8 +51,7 @@ DEADLINE_S = 600  # one test at one seed; scaled by COURSE_TIMEOUT_SCALE
 
 def declared(root: Path = REPO_ROOT) -> dict[str, tolerances.Tolerance]:
     """Every bound the lesson tests declare, by key (their modules imported, not run)."""
-    tests = root / "tests"
-    for path in sorted(tests.glob("test_[0-9][0-9]_*.py")):
+    for path in lessons.test_files(None, root):
         name = path.stem
         if name in sys.modules:
             continue
