@@ -36,7 +36,7 @@ where a new helper goes:
 
   course/probes/     inside every launched process, armed by COURSE_* variables;
                      they import nothing heavy at start-up (_site/sitecustomize.py
-                     installs them: course.procs puts _site on PYTHONPATH)
+                     installs them: course.launch puts _site on PYTHONPATH)
     write_log, batch_log, weight_log, ddp_log, connect_log: what a rank did
     comm_log         every collective and message of each rank (grader's recorder)
     rank_output      each rank's stdout and stderr in a file of its own

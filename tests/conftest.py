@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from course import REPO_ROOT, procs
+from course import REPO_ROOT, launch
 from course.grader import submission
 
 
@@ -68,7 +68,7 @@ def run_script(tmp_path):
             submission.check_script(script)  # a missing or unparsable file: one line, no launch
         except submission.LessonError as err:
             pytest.fail(str(err), pytrace=False)
-        result = procs.run(
+        result = launch.run(
             [sys.executable, str(script), *map(str, args)],
             timeout=timeout,
             env=env,

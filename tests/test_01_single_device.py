@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from course import checkpoint, data, lessons, models, procs
+from course import checkpoint, data, lessons, models
 from course.grader import judge
 from course.grader.plugin import call_lesson
 from course.grader.tolerances import seed, tolerance
@@ -61,9 +61,9 @@ def train(impl, cases_folder):
     return call_lesson(impl, LESSON, CASES, cases_folder)
 
 
-def run_once(impl, folder, *args, timeout=90, env=None):
+def run_once(launcher, impl, folder, *args, timeout=90, env=None):
     """Run the lesson script in `folder`; fail every test that uses it if it fails."""
-    return procs.run(
+    return launcher.run(
         [sys.executable, str(LESSON.path(impl)), *map(str, args)],
         timeout=timeout, cwd=folder, env=env,
     )  # fmt: skip
@@ -76,14 +76,16 @@ def ok(result):
 
 
 @pytest.fixture(scope="module")
-def digits_run(impl, tmp_path_factory):
+def digits_run(impl, tmp_path_factory, launcher):
     """The default run, on the CPU, with a metrics file and a checkpoint; how each file was
     put in place is logged from inside it (course/probes/write_log.py) to writes.log, kept
     out of the run's folder."""
     folder = tmp_path_factory.mktemp("digits")
     args = ["--device", "cpu", "--epochs", "3", "--quiet", "--metrics-out", "metrics.json"]
     log = {WRITE_LOG_ENV: str(folder.with_name(folder.name + ".writes.log"))}
-    result = run_once(impl, folder, *args, "--checkpoint", "ckpt.pt", "--seed", RUN_SEED, env=log)
+    result = run_once(
+        launcher, impl, folder, *args, "--checkpoint", "ckpt.pt", "--seed", RUN_SEED, env=log
+    )
     return result, folder
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import checkpoint, lessons, models, procs
+from course import checkpoint, lessons, models
 from course.grader import judge
 from course.grader.plugin import call_lesson
 from course.grader.tolerances import seed, tolerance
@@ -37,12 +37,12 @@ def dp(impl, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cpu_run(impl, tmp_path_factory):
+def cpu_run(impl, tmp_path_factory, launcher):
     """One CPU training run with a checkpoint and a metrics file, shared by three tests."""
     folder = tmp_path_factory.mktemp("dp_cpu")
     args = ["--device", "cpu", "--epochs", "3", "--quiet", "--seed", str(seed(0))]
     args += ["--checkpoint", "ckpt/last.pt", "--metrics-out", "metrics.json"]
-    result = procs.run([sys.executable, str(LESSON.path(impl)), *args], timeout=90, cwd=folder)
+    result = launcher.run([sys.executable, str(LESSON.path(impl)), *args], timeout=90, cwd=folder)
     if not result.ok:
         pytest.fail(result.describe(), pytrace=False)
     return result, folder

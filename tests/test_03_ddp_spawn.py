@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from course import checkpoint, lessons, models, procs
+from course import checkpoint, lessons, models
 from course.grader import judge
 from course.grader.plugin import call_lesson, needed
 from course.grader.tolerances import seed, tolerance
@@ -68,7 +68,7 @@ _runs: dict = {}
 
 
 def launch(impl, folder, *args, nproc, backend):
-    """The kwargs of procs.run for one launch of the lesson in `folder`."""
+    """The kwargs of launch.run for one launch of the lesson in `folder`."""
     command = [sys.executable, str(LESSON.path(impl)), "--nproc", nproc, "--backend", backend]
     command += ["--epochs", EPOCHS, "--quiet", *args]
     return dict(
@@ -81,7 +81,7 @@ def launch(impl, folder, *args, nproc, backend):
 
 
 @pytest.fixture
-def runs(impl, backend, tmp_path_factory, request):
+def runs(impl, backend, tmp_path_factory, request, launcher):
     """{"ddp": (RunResult, folder), "learn": (RunResult, folder)}, launched once per backend."""
     if backend not in _runs:
         jobs, folders = {}, {}
@@ -100,7 +100,7 @@ def runs(impl, backend, tmp_path_factory, request):
         (folder / "batches").mkdir()
         jobs["learn"]["env"][BATCH_ENV] = str(folder / "batches")  # for its port
         jobs = {name: jobs[name] for name in needed(request, tuple(jobs))}
-        results = procs.run_all(jobs)
+        results = launcher.run_all(jobs)
         _runs[backend] = {name: (results[name], folders[name]) for name in jobs}
     return _runs[backend]
 
@@ -378,7 +378,7 @@ def test_sync_bn_without_cuda_is_refused_before_spawning(impl, tmp_path):
 
 @pytest.mark.gpus(2)
 @pytest.mark.points(1)
-def test_sync_bn_on_two_gpus_equals_one_gpu_with_the_global_batch(impl, tmp_path):
+def test_sync_bn_on_two_gpus_equals_one_gpu_with_the_global_batch(impl, tmp_path, launcher):
     """With BatchNorm, only SyncBatchNorm makes 2 GPUs x 256 equal to 1 GPU x 512.
 
     One epoch of 3 steps, measured on 2x H200 (torch 2.11, nccl): over seeds 0-5, each
@@ -395,7 +395,7 @@ def test_sync_bn_on_two_gpus_equals_one_gpu_with_the_global_batch(impl, tmp_path
         folder.mkdir()
         extra = ["--batch-size", batch, "--epochs", 1, "--checkpoint", "ckpt.pt", *sync]
         jobs[name] = launch(impl, folder, *extra, nproc=nproc, backend="nccl")
-    results = procs.run_all(jobs)
+    results = launcher.run_all(jobs)
     for result in results.values():
         if not result.ok:
             pytest.fail(result.describe(), pytrace=False)

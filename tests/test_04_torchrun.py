@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import checkpoint, lessons, procs
+from course import checkpoint, lessons
 from course.grader import judge
 from course.grader.plugin import call_lesson, needed
 from course.grader.tolerances import seed, tolerance
@@ -80,7 +80,7 @@ NAMES = ("ref", "kill", "crash", "resume", "one_rank")
 _runs: dict = {}
 
 
-def torchrun(impl, backend, folder, restarts, env=None, every=EVERY, nproc=2):
+def torchrun(launcher, impl, backend, folder, restarts, env=None, every=EVERY, nproc=2):
     """One torchrun launch of the lesson in `folder` (an empty folder)."""
     args = [*ARGS[:-4], "--snapshot-every", str(every), *ARGS[-2:]]
     command = lesson_command(LESSON, impl, nproc, backend, args, max_restarts=restarts)
@@ -89,7 +89,7 @@ def torchrun(impl, backend, folder, restarts, env=None, every=EVERY, nproc=2):
         for path in folder.iterdir():
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
-    return procs.run_torchrun(
+    return launcher.run_torchrun(
         fresh=fresh,
         args=command,
         timeout=150,
@@ -99,7 +99,7 @@ def torchrun(impl, backend, folder, restarts, env=None, every=EVERY, nproc=2):
     )
 
 
-def two_nodes(impl, backend, folder):
+def two_nodes(launcher, impl, backend, folder):
     """The lesson as a 2-node job on this machine: two torchrun agents, one process each,
     meeting at a c10d rendezvous on loopback, as `torchrun --nnodes 2` on two hosts would."""
     rendezvous = ["--nnodes=2", "--rdzv_backend=c10d", "--rdzv_id=ref"]
@@ -114,7 +114,7 @@ def two_nodes(impl, backend, folder):
         jobs[f"node{node}"] = dict(
             args=command, timeout=150, cwd=folder, log_dir=folder / "ranks", env={**env, **gpu}
         )
-    agents = procs.run_all(jobs, fail_fast=True)
+    agents = launcher.run_all(jobs, fail_fast=True)
     a, b = agents["node0"], agents["node1"]
     failed = [r.returncode for r in (a, b) if r.returncode]
     return dataclasses.replace(
@@ -127,7 +127,7 @@ def two_nodes(impl, backend, folder):
 
 
 @pytest.fixture
-def runs(impl, backend, tmp_path_factory, request):
+def runs(impl, backend, tmp_path_factory, request, launcher):
     """{name: (RunResult, folder)} for ref, kill, crash and resume, launched once per backend.
 
     ref, kill and crash start together; resume starts when crash ends, on a
@@ -136,7 +136,7 @@ def runs(impl, backend, tmp_path_factory, request):
         folders = {name: tmp_path_factory.mktemp(f"{name}-{backend}") for name in NAMES}
 
         def launch(name, restarts, env=None):
-            return torchrun(impl, backend, folders[name], restarts, env)
+            return torchrun(launcher, impl, backend, folders[name], restarts, env)
 
         def crash_then_resume():
             crash = launch("crash", 0, {KILL_IN_SAVE: "snapshot.pt:2"})
@@ -146,19 +146,19 @@ def runs(impl, backend, tmp_path_factory, request):
 
         def kill():
             env = {KILL_RANK: "1", KILL_AT_STEP: ",".join(map(str, KILL_STEPS))}
-            return torchrun(impl, backend, folders["kill"], 2, env, KILL_EVERY)
+            return torchrun(launcher, impl, backend, folders["kill"], 2, env, KILL_EVERY)
 
         def ref_then_one_rank():
-            ref = two_nodes(impl, backend, folders["ref"])
+            ref = two_nodes(launcher, impl, backend, folders["ref"])
             if not (folders["ref"] / "snapshot.pt").exists():
                 return ref, ref  # nothing to resume: the tests report ref's failure
             shutil.copy2(folders["ref"] / "snapshot.pt", folders["one_rank"] / "snapshot.pt")
-            return ref, torchrun(impl, backend, folders["one_rank"], 0, nproc=1)
+            return ref, torchrun(launcher, impl, backend, folders["one_rank"], 0, nproc=1)
 
         want = set(needed(request, NAMES))  # a grade of one test launches what it reads
 
         def ref_only():
-            return two_nodes(impl, backend, folders["ref"]), None
+            return two_nodes(launcher, impl, backend, folders["ref"]), None
 
         first_job = ref_then_one_rank if "one_rank" in want else ref_only
         with ThreadPoolExecutor(max_workers=3) as pool:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import lessons, procs
+from course import lessons
 from course.grader.calls import CaseFailed
 from course.grader.plugin import call_lesson, needed
 
@@ -173,11 +173,11 @@ def test_ring_all_reduce_on_two_gpus(calls):
 
 
 @pytest.mark.points(1)
-def test_the_tour_prints_every_collective(impl, tmp_path):
+def test_the_tour_prints_every_collective(impl, tmp_path, launcher):
     """`--nproc 2` runs the tour: one line per collective, printed by rank 0 alone, then
     the ring on --size values (7 here, not the default) checked against dist.all_reduce."""
     args = ["--nproc", "2", "--backend", "gloo", "--size", "7"]
-    result = procs.python(LESSON.path(impl), *args, timeout=90, cwd=tmp_path)
+    result = launcher.python(LESSON.path(impl), *args, timeout=90, cwd=tmp_path)
     assert result.ok, result.failure()
     for name in ("broadcast", "all_reduce", "reduce(dst=0)", "all_gather", "reduce_scatter"):
         lines = [line for line in result.output.splitlines() if line.startswith(name)]
@@ -189,10 +189,10 @@ def test_the_tour_prints_every_collective(impl, tmp_path):
 
 
 @pytest.mark.points(1)
-def test_one_rank_is_refused_in_one_line(impl, tmp_path):
+def test_one_rank_is_refused_in_one_line(impl, tmp_path, launcher):
     """`--nproc 1` is refused in one line: a collective needs at least 2 ranks."""
     args = ["--nproc", "1", "--backend", "gloo"]
-    result = procs.python(LESSON.path(impl), *args, timeout=60, cwd=tmp_path)
+    result = launcher.python(LESSON.path(impl), *args, timeout=60, cwd=tmp_path)
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and "at least 2" in lines[0], (
         result.describe()

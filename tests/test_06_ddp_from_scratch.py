@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from course import checkpoint, lessons, procs
+from course import checkpoint, lessons
 from course.grader import judge
 from course.grader.calls import CaseFailed
 from course.grader.plugin import call_lesson
@@ -217,7 +217,7 @@ WRAPPERS = tolerance(
 _launches: dict = {}
 
 
-def launch(impl, backend, tmp_path_factory, wrapper: str = "mini"):
+def launch(launcher, impl, backend, tmp_path_factory, wrapper: str = "mini"):
     """(RunResult, folder) of the lesson's own script: 2 ranks x 32 digits, 2 epochs."""
     if (backend, wrapper) not in _launches:
         folder = tmp_path_factory.mktemp(f"script-{backend}-{wrapper}")
@@ -225,7 +225,7 @@ def launch(impl, backend, tmp_path_factory, wrapper: str = "mini"):
         args = ["--nproc", "2", "--backend", backend, "--epochs", "2", "--batch-size", "32"]
         args += ["--seed", str(seed(0)), "--quiet", "--checkpoint", "ckpt.pt"]
         args += ["--metrics-out", "m.json"] + (["--wrapper", wrapper] if wrapper != "mini" else [])
-        _launches[backend, wrapper] = procs.python(
+        _launches[backend, wrapper] = launcher.python(
             LESSON.path(impl), *args, timeout=120, cwd=folder, log_dir=folder / "ranks",
             env={REPLICA_ENV: str(folder / "replicas")},
         ), folder  # fmt: skip
@@ -233,8 +233,8 @@ def launch(impl, backend, tmp_path_factory, wrapper: str = "mini"):
 
 
 @pytest.fixture
-def launched(impl, backend, tmp_path_factory):
-    return launch(impl, backend, tmp_path_factory)
+def launched(impl, backend, tmp_path_factory, launcher):
+    return launch(launcher, impl, backend, tmp_path_factory)
 
 
 @pytest.mark.core
@@ -259,12 +259,12 @@ def test_the_script_learns_the_digits_with_minddp(launched, backend):
 
 
 @pytest.mark.points(1)
-def test_the_script_trains_as_torch_ddp_does(impl, backend, tmp_path_factory):
+def test_the_script_trains_as_torch_ddp_does(impl, backend, tmp_path_factory, launcher):
     """The same run with `--wrapper torch` uses PyTorch's DDP (no MiniDDP line printed), and
     its checkpoint has MiniDDP's weights: with 2 ranks, an average of two is exact whichever
     way it is summed, so every honest MiniDDP gives DDP's weights to the last bit (on the
     CPU; on GPUs, where this is not measured yet, only the wrapper is checked)."""
-    runs = {w: launch(impl, backend, tmp_path_factory, w) for w in ("mini", "torch")}
+    runs = {w: launch(launcher, impl, backend, tmp_path_factory, w) for w in ("mini", "torch")}
     for wrapper, (result, _) in runs.items():
         if not result.ok:
             pytest.fail(f"--wrapper {wrapper}: {result.failure()}", pytrace=False)
@@ -292,9 +292,9 @@ def test_the_script_trains_as_torch_ddp_does(impl, backend, tmp_path_factory):
 
 
 @pytest.mark.points(1)
-def test_a_negative_bucket_cap_is_refused_in_one_line(impl, tmp_path):
+def test_a_negative_bucket_cap_is_refused_in_one_line(impl, tmp_path, launcher):
     """`--bucket-cap-mb -1` is refused in one line."""
-    result = procs.python(LESSON.path(impl), "--bucket-cap-mb", "-1", timeout=60, cwd=tmp_path)
+    result = launcher.python(LESSON.path(impl), "--bucket-cap-mb", "-1", timeout=60, cwd=tmp_path)
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and "bucket-cap-mb" in lines[0], (
         result.describe()

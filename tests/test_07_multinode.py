@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import lessons, procs
+from course import lessons
 from course.grader.plugin import needed, shared
 from course.probes import connect_log
 from course.ranks import free_port
@@ -54,7 +54,7 @@ def launcher(impl, *args, delay: float = 0.0) -> list[str]:
 
 
 @pytest.fixture
-def runs(impl, backend, tmp_path_factory, request):
+def runs(impl, backend, tmp_path_factory, request, launcher):
     def launch():
         folders = {
             name: tmp_path_factory.mktemp(f"{name}-{backend}")
@@ -97,8 +97,8 @@ def runs(impl, backend, tmp_path_factory, request):
         pair = {name: jobs[name] for name in ("node0", "node1") if name in want}
         rest = {name: jobs[name] for name in ("one", "wrong", "fails") if name in want}
         with ThreadPoolExecutor(max_workers=2) as pool:
-            two = pool.submit(procs.run_all, pair, fail_fast=True)
-            others = pool.submit(procs.run_all, rest)
+            two = pool.submit(launcher.run_all, pair, fail_fast=True)
+            others = pool.submit(launcher.run_all, rest)
         return {**two.result(), **others.result()}, folders
 
     return shared(_runs, backend, launch)
@@ -233,14 +233,14 @@ def test_a_failed_job_fails_its_launcher(runs, backend):
 
 
 @pytest.mark.points(1)
-def test_dry_run_prints_the_torchrun_command_of_every_option(impl, tmp_path):
+def test_dry_run_prints_the_torchrun_command_of_every_option(impl, tmp_path, launcher):
     """--dry-run prints the command and starts nothing; every option, at a value that is
     not its default, reaches it, as torchrun's own parser reads the command."""
     from torch.distributed.run import get_args_parser
 
     args = ["--dry-run", "--nnodes", "3", "--node-rank", "1", "--nproc-per-node", "4"]
     args += ["--endpoint", "10.1.2.3:29555", "--job-id", "dry", "--max-restarts", "3"]
-    result = procs.python(LESSON.path(impl), *args, "--", "job.py", "--lr", "0.1", timeout=30)
+    result = launcher.python(LESSON.path(impl), *args, "--", "job.py", "--lr", "0.1", timeout=30)
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.returncode == 0 and len(lines) == 1, (
         f"expected exit 0 and one line, the torchrun command\n{result.describe()}"
@@ -281,9 +281,9 @@ def test_dry_run_prints_the_torchrun_command_of_every_option(impl, tmp_path):
         (["no_such_job.py"], "no such script"),
     ],
 )
-def test_bad_arguments_are_one_line(impl, tmp_path, args, words):
+def test_bad_arguments_are_one_line(impl, tmp_path, args, words, launcher):
     """Wrong launcher arguments (a node rank past --nnodes, an endpoint without a numeric
     port, a script that is not there) stop with one line."""
-    result = procs.python(LESSON.path(impl), *args, timeout=30, cwd=tmp_path)
+    result = launcher.python(LESSON.path(impl), *args, timeout=30, cwd=tmp_path)
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and words in lines[0], result.describe()

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from course import checkpoint, lessons, procs
+from course import checkpoint, lessons
 from course.grader import judge
 from course.grader.plugin import call_lesson, needed
 from course.grader.tolerances import seed, tolerance
@@ -88,7 +88,7 @@ def launch(impl, folder, *args, backend):
 
 
 @pytest.fixture
-def runs(impl, backend, tmp_path_factory, request):
+def runs(impl, backend, tmp_path_factory, request, launcher):
     """{name: (RunResult, folder)} for acc and learn (those the selected tests need),
     launched once per backend."""
     if backend not in _runs:
@@ -107,7 +107,7 @@ def runs(impl, backend, tmp_path_factory, request):
             extra = plans[name]
             folders[name] = tmp_path_factory.mktemp(f"{name}-{backend}")
             jobs[name] = launch(impl, folders[name], *extra, backend=backend)
-        results = procs.run_all(jobs)
+        results = launcher.run_all(jobs)
         _runs[backend] = {name: (results[name], folders[name]) for name in jobs}
     return _runs[backend]
 
@@ -321,12 +321,12 @@ def test_compile_flag_compiles_the_wrapped_model(runs, backend):
 
 
 @pytest.mark.points(1)
-def test_compile_with_small_buckets_is_refused_in_one_line(impl, tmp_path):
+def test_compile_with_small_buckets_is_refused_in_one_line(impl, tmp_path, launcher):
     """`--compile --bucket-cap-mb 0.5` is refused in one line: torch.compile's DDPOptimizer
     (torch 2.8 and 2.14.1) asserts that DDP's first bucket, 1 MiB, is no larger than the
     others, and every rank would die of that assertion in its first step."""
     args = ("--compile", "--bucket-cap-mb", "0.5", "--max-steps", "1")
-    result = procs.python(LESSON.path(impl), *args, timeout=60, cwd=tmp_path)
+    result = launcher.python(LESSON.path(impl), *args, timeout=60, cwd=tmp_path)
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and "--bucket-cap-mb" in lines[0], (
         "expected argparse's one-line error (exit code 2) naming --bucket-cap-mb\n"

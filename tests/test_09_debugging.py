@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler, RandomSampler
 
-from course import data, lessons, memory, models, procs
+from course import data, launch, lessons, memory, models
 from course.grader.draws import draw
 from course.grader.plugin import call_lesson, needed, shared
 from course.grader.tolerances import seed, tolerance
@@ -153,11 +153,11 @@ def test_oom_step_equals_the_whole_batch_step(calls):
 
 
 @pytest.mark.points(1)
-def test_oom_script_runs_with_its_flags(impl, tmp_path):
+def test_oom_script_runs_with_its_flags(impl, tmp_path, launcher):
     """`oom.py --batch-size 512 --micro-batch 32 --budget-mb 2 --steps 2` runs its 2 steps
     and prints peaks under 2 MiB."""
     args = ["--batch-size", "512", "--micro-batch", "32", "--budget-mb", "2", "--steps", "2"]
-    result = procs.python(LESSON.path(impl), *args, timeout=60, cwd=tmp_path)
+    result = launcher.python(LESSON.path(impl), *args, timeout=60, cwd=tmp_path)
     if not result.ok:
         pytest.fail(result.failure(), pytrace=False)
     assert "global batch 512, micro-batch 32, activation budget 2 MiB" in result.output, (
@@ -169,7 +169,7 @@ def test_oom_script_runs_with_its_flags(impl, tmp_path):
 
 @pytest.mark.points(1)
 @pytest.mark.gpus(1)
-def test_oom_on_a_gpu_the_allocator_holds_less(impl, tmp_path):
+def test_oom_on_a_gpu_the_allocator_holds_less(impl, tmp_path, launcher):
     """On a GPU, `oom.py --budget-mb 64 --steps 2 --device cuda`, the 1,024 digits at once
     (`--micro-batch 1024`) and 128 at a time: with micro-batches the CUDA allocator's own
     peak (torch.cuda.max_memory_allocated, which the script prints) drops by at least half
@@ -177,7 +177,7 @@ def test_oom_on_a_gpu_the_allocator_holds_less(impl, tmp_path):
     found = {}
     for micro in (1024, 128):
         args = ["--budget-mb", "64", "--steps", "2", "--device", "cuda", "--micro-batch"]
-        result = procs.python(LESSON.path(impl), *args, str(micro), timeout=90, cwd=tmp_path)
+        result = launcher.python(LESSON.path(impl), *args, str(micro), timeout=90, cwd=tmp_path)
         if not result.ok:
             pytest.fail(result.failure(), pytrace=False)
         step = re.search(
@@ -214,12 +214,12 @@ def test_oom_on_a_gpu_the_allocator_holds_less(impl, tmp_path):
 
 @pytest.mark.exercise("unused.py")
 @pytest.mark.points(1)
-def test_unused_script_runs_with_its_flags(impl, tmp_path):
+def test_unused_script_runs_with_its_flags(impl, tmp_path, launcher):
     """`unused.py --nproc 3 --steps 2 --batch-size 24` runs its 2 steps, each on 24 images a
     rank and 3 ranks (as its rank 0 prints them: len(x) and the group's size)."""
     args = ["--nproc", "3", "--steps", "2", "--batch-size", "24"]
     script = LESSON.path(impl).with_name("unused.py")
-    result = procs.python(script, *args, timeout=60, cwd=tmp_path)
+    result = launcher.python(script, *args, timeout=60, cwd=tmp_path)
     if not result.ok:
         pytest.fail(f"unused.py {' '.join(args)}: {result.failure()}", pytrace=False)
     steps = re.findall(r"step (\d+): loss [\d.]+, (\d+) images x (\d+) ranks", result.output)
@@ -346,7 +346,7 @@ def test_hang_flight_recorder_names_the_rank_and_the_collective(calls):
 # hang.py --timeout: the fix never waits long in a collective, and 5 ranks started warm
 # joined and finished in about 2 s in all (2 cores); 5 s is also what the hanging starter
 # costs this test. Stretched by COURSE_TIMEOUT_SCALE, as every deadline.
-HANG_TIMEOUT = 5 * procs.timeout_scale()
+HANG_TIMEOUT = 5 * launch.timeout_scale()
 
 
 HANG_FLAGS = ["--nproc", "5", "--timeout", f"{HANG_TIMEOUT:g}"]
@@ -364,7 +364,7 @@ _hang_scripts: dict = {}
 
 
 @pytest.fixture
-def hang_scripts(impl, tmp_path_factory):
+def hang_scripts(impl, tmp_path_factory, launcher):
     """{"flags": hang.py HANG_FLAGS, "diagnose": hang.py HANG_DIAGNOSE and "flight": hang.py
     HANG_FLIGHT, each with one rank's first all_reduce swapped for a broadcast
     (swapped_rank())}: launched at once (a starter that hangs waits out its timeout in one
@@ -381,7 +381,7 @@ def hang_scripts(impl, tmp_path_factory):
             folder = tmp_path_factory.mktemp(f"hang-{name}")
             jobs[name] = dict(args=[sys.executable, str(script), *args], timeout=60, env=env,
                               cwd=folder)  # fmt: skip
-        return procs.run_all(jobs)
+        return launcher.run_all(jobs)
 
     return shared(_hang_scripts, str(impl), launch)
 
@@ -457,7 +457,7 @@ def test_hang_script_flight_recorder_flag_names_a_planted_mismatch(hang_scripts)
 
 RDZV_TIMEOUT = 3  # rendezvous.py --timeout: how long a rank waits for the others
 # The bound each wrong setting must fail within, counted from the end of the process's
-# `import torch` (procs.run's after_import), so that a slow start on a loaded machine is
+# `import torch` (launch.run's after_import), so that a slow start on a loaded machine is
 # not counted against the submission (when the bound counted from the launch, a CI run
 # failed with the right one-line error printed and the process killed at 15 s). After its
 # import the fix takes the wait it is given (--timeout, when nobody answers) plus 1.0-1.5 s
@@ -473,14 +473,14 @@ RDZV_LAUNCH = RDZV_BOUND + 30
 # The right settings wait longer: their ranks must only meet, and two ranks started
 # together reached the store 3 s apart once, beside a browser and another grading job
 # (2 cores, 2026-12-03). The failing settings keep the short wait, which they must obey.
-RDZV_GOOD_TIMEOUT = 20 * procs.timeout_scale()  # as every deadline, stretched on slow machines
+RDZV_GOOD_TIMEOUT = 20 * launch.timeout_scale()  # as every deadline, stretched on slow machines
 # The safety net: rank 1 alone again, told to give up (--give-up) long before its --timeout.
 RDZV_GIVE_UP, RDZV_GIVE_UP_TIMEOUT = 2, 10
 RDZV_NAMES = ("good", "refused", "in_use", "world", "interface", "give_up")
 _rendezvous: dict = {}
 
 
-def launch_rendezvous(impl, backend, tmp_path_factory, request):
+def launch_rendezvous(impl, backend, tmp_path_factory, request, launcher):
     """{scenario: {rank: RunResult}, "ports": {scenario: port}}: rendezvous.py launched
     with each setting the requesting fixture's tests need, all at once.
 
@@ -523,7 +523,7 @@ def launch_rendezvous(impl, backend, tmp_path_factory, request):
                     after_import=RDZV_BOUND + longer, env=env, cwd=folder,
                 )  # fmt: skip
         try:
-            results = procs.run_all(jobs)
+            results = launcher.run_all(jobs)
         finally:
             holder.close()
         found: dict = {"ports": ports}
@@ -686,7 +686,7 @@ _starved: dict = {}
 
 
 @pytest.fixture
-def starved(impl, tmp_path_factory):
+def starved(impl, tmp_path_factory, launcher):
     """{workers: (RunResult, (data-wait fraction, seconds per step) or None)} for
     --workers 0 and 4."""
 
@@ -701,7 +701,7 @@ def starved(impl, tmp_path_factory):
             args = [sys.executable, str(script), "--workers", str(workers)]
             args += ["--read-ms", str(STARVED_READ_MS)]
             jobs[workers] = dict(args=args, timeout=90, env=env, cwd=folder)
-        results = procs.run_all(jobs)
+        results = launcher.run_all(jobs)
         found = {}
         for workers, result in results.items():
             clock = folders[workers] / "clock"
@@ -902,12 +902,12 @@ def test_silent_ddp_step_equals_one_process_on_the_global_batch(calls):
 
 @pytest.mark.exercise("silent.py")
 @pytest.mark.points(1)
-def test_silent_script_saves_in_its_folder(impl, tmp_path):
+def test_silent_script_saves_in_its_folder(impl, tmp_path, launcher):
     """`silent.py --folder F` saves rank 0's weights in F/rank0/weights.pt, none in
     F/rank1, and lesson 01's model loads them."""
     folder = tmp_path / "saved"
     script = LESSON.path(impl).with_name("silent.py")
-    result = procs.python(script, "--folder", folder, timeout=60, cwd=tmp_path)
+    result = launcher.python(script, "--folder", folder, timeout=60, cwd=tmp_path)
     if not result.ok:
         pytest.fail(f"silent.py --folder {folder}: {result.failure()}", pytrace=False)
     written = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import lessons, procs
+from course import lessons
 from course.grader import tripwires
 from course.grader.plugin import call_lesson
 from course.grader.tolerances import seed, tolerance
@@ -234,7 +234,7 @@ def launch(impl, folder: Path, *args):
 
 
 @pytest.fixture
-def runs(impl, tmp_path_factory):
+def runs(impl, tmp_path_factory, launcher):
     """zero.py on 2 gloo ranks, with ShardedOptimizer, --optimizer plain and --optimizer
     torch (PyTorch's ZeroRedundancyOptimizer), fsdp.py (FSDP_FLAGS) and fsdp2.py saving a
     checkpoint (FSDP2_SAVE), at once; then fsdp2.py resuming it on one rank."""
@@ -255,14 +255,14 @@ def runs(impl, tmp_path_factory):
             args=[sys.executable, fsdp2_script, *FSDP2_FLAGS, *FSDP2_SAVE],
             timeout=120, cwd=folders["fsdp2"], log_dir=folders["fsdp2"] / "ranks",
         )  # fmt: skip
-        results = procs.run_all(jobs)
+        results = launcher.run_all(jobs)
         if results["fsdp2"].ok:  # then resume its checkpoint on one rank
             folders["fsdp2_resume"] = folders["fsdp2"]
             jobs["fsdp2_resume"] = dict(
                 args=[sys.executable, fsdp2_script, *FSDP2_FLAGS, *FSDP2_RESUME],
                 timeout=120, cwd=folders["fsdp2"], log_dir=folders["fsdp2"] / "resume",
             )  # fmt: skip
-            results |= procs.run_all({"fsdp2_resume": jobs["fsdp2_resume"]})
+            results |= launcher.run_all({"fsdp2_resume": jobs["fsdp2_resume"]})
         _runs[str(impl)] = {name: (results[name], folders[name]) for name in results}
     return _runs[str(impl)]
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from course import lessons, procs
+from course import lessons
 from course.grader import tripwires
 from course.grader.draws import draw
 from course.grader.plugin import call_lesson
@@ -307,7 +307,7 @@ def hand_flags(run: dict) -> list[str]:
 
 
 @pytest.fixture
-def runs(impl, tmp_path_factory):
+def runs(impl, tmp_path_factory, launcher):
     """pipeline.py --schedule torch-1f1b on 2 ranks, its own schedule on 3 or 4 (hand_run,
     with every rank's messages logged), and tensor.py --split dtensor on a 2 x 2 mesh, 20
     steps each, at once."""
@@ -324,7 +324,7 @@ def runs(impl, tmp_path_factory):
             if name == "hand":
                 jobs[name]["env"] = {comm_log.LOG_ENV: str(folder / "comm")}
                 (folder / "comm").mkdir()
-        _runs[str(impl)] = procs.run_all(jobs)
+        _runs[str(impl)] = launcher.run_all(jobs)
         _runs[str(impl)]["hand-messages"] = jobs["hand"]["env"][comm_log.LOG_ENV]
     return _runs[str(impl)]
 

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from course.procs import timeout_scale
+from course.launch.result import timeout_scale
 
 CHROMIUM = Path(os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium"))
 LAUNCH_ARGS = [

@@ -19,7 +19,7 @@ import zipfile
 import pytest
 import torch
 
-from course import REPO_ROOT, lessons, procs
+from course import REPO_ROOT, launch, lessons
 
 LESSON = lessons.get("00")
 FOLDER = LESSON.path("lessons").parent.name
@@ -58,7 +58,7 @@ def unpacked(tmp_path_factory):
     """The zip for lesson 00, and its contents unpacked as Gradescope unpacks them."""
     root = tmp_path_factory.mktemp("gradescope")
     out = root / "autograder.zip"
-    run = procs.run(
+    run = launch.run(
         [sys.executable, "-m", "course", "autograder", "--lessons", "00", "--out", str(out)],
         timeout=120,
     )
@@ -112,7 +112,7 @@ def test_run_autograder_grades_four_submissions_into_valid_results(unpacked):
         results = autograder / "results" / "results.json"
         results.unlink(missing_ok=True)
         env = {"AUTOGRADER_ROOT": str(autograder), "COURSE_PYTHON": sys.executable}
-        run = procs.run(
+        run = launch.run(
             ["bash", str(autograder / "source" / "run_autograder")],
             timeout=240,
             env=env,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from course import REPO_ROOT, procs
+from course import REPO_ROOT, launch
 from course.tools import bandwidth
 
 
@@ -12,7 +12,7 @@ def test_two_gloo_ranks_write_a_record(tmp_path):
     out = tmp_path / "bw.json"
     args = ["--backend", "gloo", "--nproc", "2", "--sizes", "65536", "4096"]
     args += ["--warmup", "1", "--iters", "2", "--out", str(out)]
-    run = procs.python("-m", "course", "bandwidth", *args, timeout=120, cwd=REPO_ROOT)
+    run = launch.python("-m", "course", "bandwidth", *args, timeout=120, cwd=REPO_ROOT)
     assert run.ok, run.failure()
     doc = json.loads(out.read_text())
     assert doc["kind"] == bandwidth.KIND
@@ -28,7 +28,7 @@ def test_two_gloo_ranks_write_a_record(tmp_path):
 
 
 def test_one_rank_is_a_one_line_error():
-    run = procs.python("-m", "course", "bandwidth", "--nproc", "1", timeout=60, cwd=REPO_ROOT)
+    run = launch.python("-m", "course", "bandwidth", "--nproc", "1", timeout=60, cwd=REPO_ROOT)
     lines = [line for line in run.output.splitlines() if line.strip()]
     assert run.returncode == 2 and len(lines) == 1 and "at least 2" in lines[0], run.describe()
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from course import procs
+from course import launch
 from course.probes import batch_log
 
 SCRIPT = """
@@ -23,7 +23,7 @@ def test_every_pass_over_a_dataset_is_logged(tmp_path):
     logs = tmp_path / "batches"
     logs.mkdir()
     env = {batch_log.LOG_ENV: str(logs), "RANK": "1"}
-    result = procs.run([sys.executable, "-c", SCRIPT], timeout=60, env=env, cwd=tmp_path)
+    result = launch.run([sys.executable, "-c", SCRIPT], timeout=60, env=env, cwd=tmp_path)
     assert result.ok, result.describe()
     passes = batch_log.passes(logs, rank=1, length=10)
     assert len(passes) == 2 and all(sorted(p) == list(range(10)) for p in passes)

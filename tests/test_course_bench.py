@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from course import REPO_ROOT, procs
+from course import REPO_ROOT
+from course.launch import command as launching
 from course.tools.bench import catalogue, launch, provenance, render
 
 RECORDS = sorted(
@@ -247,7 +248,7 @@ def test_cpu_bench_times_the_lessons_and_writes_a_record_and_a_plot(tmp_path):
     # pipeline.py's and tensor.py's; the second profiles its last warm-up window.
     args = ["--lessons", "01", "04", "11", "--only", "01", "04", "11-1f1b-m2", "11-tp-hand"]
     args += ["--window", "2", "--warmup", "2", "--windows", "2"]
-    result = procs.run(
+    result = launching.run(
         [sys.executable, "-m", "course", "bench", *args, "--out", str(out)],
         timeout=150,
         cwd=tmp_path,
@@ -286,14 +287,14 @@ def test_a_failing_lesson_is_reported_and_fails_the_command(tmp_path):
     out = tmp_path / "b.json"
     args = ["--lessons", "01", "--impl", str(tmp_path / "impl"), "--out", str(out)]
     args += ["--window", "1", "--warmup", "1", "--windows", "1"]
-    result = procs.run([sys.executable, "-m", "course", "bench", *args], timeout=60)
+    result = launching.run([sys.executable, "-m", "course", "bench", *args], timeout=60)
     assert result.returncode == 1
     assert "FAILED" in result.output and "broken on purpose" in result.output
     assert json.loads(out.read_text())["rows"][0]["ok"] is False
 
 
 def test_bad_arguments_give_one_line():
-    result = procs.run([sys.executable, "-m", "course", "bench", "--lessons", "42"], timeout=60)
+    result = launching.run([sys.executable, "-m", "course", "bench", "--lessons", "42"], timeout=60)
     assert result.returncode == 2 and "no lesson '42'" in result.output
     assert "Traceback" not in result.output
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from course import REPO_ROOT, lessons, procs
+from course import REPO_ROOT, launch, lessons
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (the dev extras)")
 
@@ -25,7 +25,7 @@ yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (the dev extr
 def workflow(tmp_path_factory):
     out = tmp_path_factory.mktemp("classroom") / "classroom.yml"
     command = [sys.executable, "-m", "course", "classroom", "--lessons", "00", "03"]
-    run = procs.run([*command, "--out", str(out)], timeout=180)
+    run = launch.run([*command, "--out", str(out)], timeout=180)
     assert run.returncode == 0, run.describe()
     return yaml.safe_load(out.read_text())
 
@@ -72,7 +72,7 @@ def test_lesson_00s_command_grades_a_students_repository(workflow, tmp_path):
     for solved in (True, False):
         repo = student_repo(tmp_path / f"solved-{solved}", solved)
         grade_json = repo / "results.json"
-        run = procs.run(
+        run = launch.run(
             ["bash", "-c", f"{command} --grade-json {grade_json}"],
             timeout=240,
             cwd=repo,

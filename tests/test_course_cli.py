@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from course import REPO_ROOT, lessons, procs
+from course import REPO_ROOT, launch, lessons
 from course.runtime import visible_gpus
 from course.tools import cli
 
 
 def course(*args, timeout=120):
-    return procs.run([sys.executable, "-m", "course", *args], timeout=timeout, cwd=REPO_ROOT)
+    return launch.run([sys.executable, "-m", "course", *args], timeout=timeout, cwd=REPO_ROOT)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def test_lesson_scripts_with_nccl_and_no_gpu_say_so_in_one_line(tmp_path):
         )  # fmt: skip
         for n in ("06", "08")
     }
-    for number, result in procs.run_all(jobs).items():
+    for number, result in launch.run_all(jobs).items():
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert result.returncode == 2 and len(lines) == 1, f"{number}: {result.describe()}"
         assert "nccl needs CUDA GPUs" in lines[0], f"{number}: {lines[0]}"
@@ -213,7 +213,7 @@ def test_version_is_the_installed_packages():
 
     import course
 
-    run = procs.run([sys.executable, "-m", "course", "--version"], timeout=60)
+    run = launch.run([sys.executable, "-m", "course", "--version"], timeout=60)
     assert run.returncode == 0 and run.output.strip() == f"course {course.__version__}", (
         run.describe()
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import sys
 
-from course import procs
+from course import launch
 
 SCRIPT = """
 import time, torch
@@ -31,7 +31,7 @@ def clock(tmp_path, before: float, during: float):
         for k, v in dict(before=before, during=during).items()
     }
     script.write_text(SCRIPT.format(**sleeps))
-    return procs.run([sys.executable, "-m", "course", "clock", str(script)], timeout=60)
+    return launch.run([sys.executable, "-m", "course", "clock", str(script)], timeout=60)
 
 
 def test_clock_reports_the_data_wait_of_a_script(tmp_path):
@@ -50,7 +50,7 @@ def test_clock_reports_the_data_wait_of_a_script(tmp_path):
 
 
 def test_clock_of_a_missing_script_is_one_line(tmp_path):
-    result = procs.run(
+    result = launch.run(
         [sys.executable, "-m", "course", "clock", str(tmp_path / "nope.py")], timeout=60
     )
     assert result.returncode == 2, result.describe()
@@ -110,7 +110,7 @@ def test_profiled_steps_give_the_time_in_collectives(tmp_path):
         env = {step_clock.LOG_ENV: str(folder), step_clock.EVERY_ENV: "4"}
         env[step_clock.PROFILE_ENV] = "4:8"
         args = [sys.executable, str(script), str(tmp_path / f"store-{mode}"), mode]
-        result = procs.run(args, timeout=60, env=env, cwd=tmp_path)
+        result = launch.run(args, timeout=60, env=env, cwd=tmp_path)
         assert result.ok, result.describe()
         (_, t4), (_, t8) = [p for p in step_clock.read(folder) if p[0] in (4, 8)]
         window = step_clock.profiled(folder)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import textwrap
 
-from course import procs, ranks
+from course import launch, ranks
 from course.probes import ddp_log
 from course.probes.ddp_log import LOG_ENV
 
@@ -47,7 +47,7 @@ os._exit(0)  # DDP keeps the group alive: skip its teardown at interpreter exit 
 def run(tmp_path, cap=25, static=False, k=1, own_hook=False):
     code = SCRIPT.format(port=ranks.free_port(), cap=cap, static=static, k=k, own_hook=own_hook)
     (tmp_path / "log").mkdir()
-    result = procs.run(
+    result = launch.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         timeout=60,
         env={LOG_ENV: str(tmp_path / "log")},
@@ -101,7 +101,7 @@ except RuntimeError as err:
     print("refused:", str(err).splitlines()[0])
 dist.destroy_process_group()
 """
-    result = procs.run([sys.executable, "-c", textwrap.dedent(code)], timeout=60)
+    result = launch.run([sys.executable, "-c", textwrap.dedent(code)], timeout=60)
     assert result.ok, result.describe()
     assert "refused: expect_autograd_hooks_ INTERNAL ASSERT FAILED" in result.output, (
         "this PyTorch accepts static_graph with a first iteration inside no_sync(): update "

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from course import REPO_ROOT, procs
+from course import REPO_ROOT, launch
 from course.tools import figures
 
 
@@ -102,7 +102,7 @@ def test_the_site_refuses_to_render_a_record_it_cannot_make_again(tmp_path):
 
 
 def test_run_makes_what_the_cpu_can_and_says_what_it_skips():
-    out = procs.run(
+    out = launch.run(
         args=[sys.executable, "-m", "course", "figures", "--run", "--dry-run"],
         timeout=60, env={"CUDA_VISIBLE_DEVICES": ""},
     )  # fmt: skip
@@ -121,7 +121,7 @@ def test_run_makes_what_the_cpu_can_and_says_what_it_skips():
             assert lines[figure.name].startswith("python "), lines[figure.name]
     timed = {f.name: f.needs for f in known if f.cores}
     assert timed.get("grading/cpu-2") == "2 CPU cores", timed  # another machine's would lie
-    listing = procs.run(
+    listing = launch.run(
         args=[sys.executable, "-m", "course", "figures", "--only", "outputs/01_cpu", "nope"],
         timeout=60,
     )

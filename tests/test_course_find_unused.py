@@ -9,11 +9,11 @@ import sys
 import pytest
 import torch
 
-from course import models, procs
+from course import launch, models
 
 
 def run(*args, timeout=120):
-    return procs.run(args=[sys.executable, "-m", "course", "find-unused", *args], timeout=timeout)
+    return launch.run(args=[sys.executable, "-m", "course", "find-unused", *args], timeout=timeout)
 
 
 def autograd_nodes() -> int:
@@ -61,7 +61,7 @@ def test_bad_input_is_one_line():
 def test_device_cuda_without_a_gpu_is_one_line():
     """--device cuda where no GPU is visible: refused in one line that says so (on a GPU
     machine, CUDA_VISIBLE_DEVICES="" hides them)."""
-    result = procs.run(
+    result = launch.run(
         args=[sys.executable, "-m", "course", "find-unused", "--device", "cuda"],
         timeout=120,
         env={"CUDA_VISIBLE_DEVICES": ""},

@@ -13,7 +13,7 @@ import json
 import shutil
 import sys
 
-from course import REPO_ROOT, lessons, procs
+from course import REPO_ROOT, launch, lessons
 
 LESSON = lessons.get("00")
 FOLDER = LESSON.path("lessons").parent.name
@@ -80,7 +80,7 @@ def test_a_class_of_three_gets_its_own_grades_whatever_one_of_them_does(tmp_path
     submissions = make_class(tmp_path)
     out = tmp_path / "grades.csv"
     command = [sys.executable, "-m", "course", "grade-class", str(submissions), "--out", str(out)]
-    run = procs.run([*command, "--lessons", "00", "--jobs", "2"], timeout=240, cwd=tmp_path)
+    run = launch.run([*command, "--lessons", "00", "--jobs", "2"], timeout=240, cwd=tmp_path)
     assert run.returncode == 0, run.describe()
     assert "grading [" in run.output and "3/3" in run.output, f"no progress bar:\n{run.output}"
     print(out.read_text())  # shown by pytest -rP: the CSV an instructor gets
@@ -105,7 +105,7 @@ def test_a_class_of_three_gets_its_own_grades_whatever_one_of_them_does(tmp_path
 
 
 def test_a_missing_folder_is_one_line(tmp_path):
-    run = procs.run(
+    run = launch.run(
         [sys.executable, "-m", "course", "grade-class", str(tmp_path / "nope")], timeout=60
     )
     assert run.returncode == 2 and "nope: not a folder" in run.output, run.describe()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from course import REPO_ROOT, procs
+from course import REPO_ROOT, launch
 from course.grader import rules
 from course.tools import figures, grading_cost
 
@@ -16,7 +16,7 @@ def test_grading_cost_times_a_lesson_and_keeps_its_grade(tmp_path):
     the lesson, none passed, no points, seconds and CPU seconds measured; the record is one
     that `course figures` can make again, and the table shows it."""
     out = tmp_path / "docs" / "results" / "grading" / "cost.json"
-    run = procs.run(
+    run = launch.run(
         args=[sys.executable, "-m", "course", "grading-cost", "--lessons", "0", "--impl",
               "lessons", "--out", str(out)],
         timeout=120,
@@ -37,7 +37,7 @@ def test_grading_cost_times_a_lesson_and_keeps_its_grade(tmp_path):
 
 
 def test_grading_cost_refuses_an_unknown_lesson_in_one_line():
-    run = procs.run(
+    run = launch.run(
         args=[sys.executable, "-m", "course", "grading-cost", "--lessons", "99"], timeout=60
     )
     assert run.returncode == 2, run.describe()

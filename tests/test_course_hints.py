@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from course import REPO_ROOT, lessons, procs
+from course import REPO_ROOT, launch, lessons
 from course.tools import hints, release
 
 WITH_TODOS = [lesson for lesson in lessons.LESSONS if hints.todos(lesson)]
 
 
 def hint_command(*args, cwd=REPO_ROOT):
-    result = procs.run([sys.executable, "-m", "course", "hint", *args], timeout=60, cwd=cwd)
+    result = launch.run([sys.executable, "-m", "course", "hint", *args], timeout=60, cwd=cwd)
     result.output = " ".join(result.output.split())  # the command wraps long lines
     return result
 

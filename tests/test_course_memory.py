@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from course import procs
+from course import launch
 from course.tools import memory
 
 # Counted against predicted, largest rank, measured (PyTorch 2.14.1, 2 and 3 gloo ranks,
@@ -20,7 +20,7 @@ WITHIN = 0.10
 
 
 def run(*args, timeout=120):
-    return procs.run(args=[sys.executable, "-m", "course", "memory", *args], timeout=timeout)
+    return launch.run(args=[sys.executable, "-m", "course", "memory", *args], timeout=timeout)
 
 
 def test_memory_counts_what_the_formula_predicts(tmp_path):

@@ -1,4 +1,4 @@
-"""course.procs and course.ranks: deadlines, process groups, ports, rank logs."""
+"""course.launch and course.ranks: deadlines, process groups, ports, rank logs."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import textwrap
 
 import pytest
 
-from course import procs, ranks
+from course import REPO_ROOT, launch, ranks
 
 
 def test_output_and_exit_code_are_captured():
-    result = procs.run([sys.executable, "-c", "print('hello'); raise SystemExit(4)"], timeout=30)
+    result = launch.run([sys.executable, "-c", "print('hello'); raise SystemExit(4)"], timeout=30)
     assert result.returncode == 4 and not result.ok and not result.timed_out
     assert "hello" in result.output
     assert "exited with code 4" in result.describe()
@@ -31,10 +31,10 @@ def test_timeout_kills_children_and_grandchildren(tmp_path):
             """
         )
     )
-    result = procs.python(script, timeout=5)
+    result = launch.python(script, timeout=5)
     assert result.timed_out and result.returncode is None
     assert "started" in result.output
-    assert not procs.group_alive(result.pgid)
+    assert not launch.group_alive(result.pgid)
 
 
 def test_after_import_counts_from_the_end_of_import_torch(tmp_path):
@@ -43,24 +43,24 @@ def test_after_import_counts_from_the_end_of_import_torch(tmp_path):
     loaded machine's real import would, so the test itself imports nothing heavy."""
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text("import time\ntime.sleep(2)\n")
-    # Cold: a warm start (course/warmstart.py) would find torch imported already.
+    # Cold: a warm start (course/launch/warm/) would find torch imported already.
     env = {"PYTHONPATH": str(tmp_path), "COURSE_WARM_START": "0"}
     quick = "import time, torch; time.sleep(0.5); print('done')"
-    result = procs.run([sys.executable, "-c", quick], timeout=60, after_import=1.5, env=env)
+    result = launch.run([sys.executable, "-c", quick], timeout=60, after_import=1.5, env=env)
     assert result.ok, result.describe()  # 2.5 s in all, but 0.5 s after the import
     assert result.ready is not None and result.ready >= 2.0 and result.after_ready < 1.5
     stuck = "import time, torch; print('imported', flush=True); time.sleep(60)"
-    result = procs.run([sys.executable, "-c", stuck], timeout=60, after_import=1.5, env=env)
+    result = launch.run([sys.executable, "-c", stuck], timeout=60, after_import=1.5, env=env)
     assert result.timed_out and result.killed_after_import and result.seconds < 20
     assert "imported" in result.output and "after it imported torch" in result.describe()
-    assert not procs.group_alive(result.pgid)
+    assert not launch.group_alive(result.pgid)
 
 
 def test_ready_comes_after_the_start_up_imports_of_a_distributed_lesson():
     """The moment `after_import` counts from follows torch._dynamo's import too (what every
     distributed lesson imports next): a process that imports only torch has it already."""
     check = "import sys, torch; print('dynamo' if 'torch._dynamo' in sys.modules else 'not')"
-    result = procs.run([sys.executable, "-c", check], timeout=60, after_import=30)
+    result = launch.run([sys.executable, "-c", check], timeout=60, after_import=30)
     assert result.ok and result.output.split()[-1] == "dynamo", result.describe()
     assert result.ready is not None, result.describe()
 
@@ -71,24 +71,24 @@ def test_a_finished_command_leaves_no_orphans(tmp_path):
         "import subprocess, sys\n"
         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
     )
-    result = procs.python(script, timeout=30)
+    result = launch.python(script, timeout=30)
     assert result.ok
-    assert not procs.group_alive(result.pgid)
+    assert not launch.group_alive(result.pgid)
 
 
 def test_children_get_one_thread_and_gpu_safety_settings(monkeypatch):
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
-    env = procs.child_env({"EXTRA": "x"})
+    env = launch.child_env({"EXTRA": "x"})
     assert env["OMP_NUM_THREADS"] == "1" and env["EXTRA"] == "x"
     assert env["NCCL_NVLS_ENABLE"] == "0"
-    assert env["PYTHONPATH"].split(":")[0] == str(procs.REPO_ROOT)
+    assert env["PYTHONPATH"].split(":")[0] == str(REPO_ROOT)
 
 
 def test_timeout_scale(monkeypatch):
     monkeypatch.setenv("COURSE_TIMEOUT_SCALE", "2.5")
-    assert procs.timeout_scale() == 2.5
+    assert launch.timeout_scale() == 2.5
     monkeypatch.setenv("COURSE_TIMEOUT_SCALE", "fast")
-    assert procs.timeout_scale() == 1.0
+    assert launch.timeout_scale() == 1.0
 
 
 def test_free_port_can_be_bound():
@@ -108,7 +108,7 @@ def test_each_rank_writes_its_own_log(tmp_path):
     the lesson calls nothing (course/probes/rank_output.py is installed at start-up)."""
     code = "import sys\nprint('to the log')\nprint('err', file=sys.stderr)\n"
     env = {"RANK": "3"}
-    result = procs.run([sys.executable, "-c", code], timeout=30, log_dir=tmp_path, env=env)
+    result = launch.run([sys.executable, "-c", code], timeout=30, log_dir=tmp_path, env=env)
     assert result.ok, result.describe()
     assert "to the log" not in result.output
     assert result.rank_logs["rank3"].split() == ["to", "the", "log", "err"]
@@ -117,10 +117,10 @@ def test_each_rank_writes_its_own_log(tmp_path):
 def test_a_students_environment_keeps_its_own_thread_settings(monkeypatch):
     """one_thread=False: `course run` and `course bench` leave threads to the lesson."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert "OMP_NUM_THREADS" not in procs.child_env(one_thread=False)
+    assert "OMP_NUM_THREADS" not in launch.child_env(one_thread=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
-    assert procs.child_env(one_thread=False)["OMP_NUM_THREADS"] == "8"
-    env = procs.child_env({"OMP_NUM_THREADS": None}, one_thread=False)  # None unsets
+    assert launch.child_env(one_thread=False)["OMP_NUM_THREADS"] == "8"
+    env = launch.child_env({"OMP_NUM_THREADS": None}, one_thread=False)  # None unsets
     assert "OMP_NUM_THREADS" not in env and env["NCCL_NVLS_ENABLE"] == "0"
 
 
@@ -164,20 +164,20 @@ def test_torchrun_agent_race_is_recognised_and_launched_again(tmp_path):
         fresh_calls.append(1)
         (tmp_path / "rank0-ready").unlink(missing_ok=True)
 
-    def launch(case):
+    def attempt(case):
         args = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         args += ["--nproc_per_node=2", "--max-restarts=0", str(script), case]
-        return procs.run_torchrun(fresh=fresh, args=args, timeout=60, cwd=tmp_path)
+        return launch.run_torchrun(fresh=fresh, args=args, timeout=60, cwd=tmp_path)
 
-    raced = launch("race")
+    raced = attempt("race")
     assert fresh_calls == [1], raced.describe()
-    assert procs.torchrun_agent_raced(raced), raced.describe()
+    assert launch.torchrun_agent_raced(raced), raced.describe()
     assert raced.output.startswith("course: torchrun's agent died"), raced.output[:300]
     assert raced.seconds < 30, "torchrun should stop the sleeping rank, not wait for it"
 
     (tmp_path / "rank0-ready").unlink()
-    failed = launch("plain")  # rank 1 fails, rank 0 leaves no error file: no race
-    assert fresh_calls == [1] and not procs.torchrun_agent_raced(failed), failed.describe()
+    failed = attempt("plain")  # rank 1 fails, rank 0 leaves no error file: no race
+    assert fresh_calls == [1] and not launch.torchrun_agent_raced(failed), failed.describe()
     assert failed.returncode != 0 and "ChildFailedError" in failed.output, failed.describe()
 
 
@@ -196,7 +196,7 @@ def test_children_run_as_the_configured_user_when_grading_as_root(tmp_path, monk
     folder.mkdir()
     results = tmp_path / "results.json"
     results.write_text("{}")
-    monkeypatch.setenv(procs.CHILD_USER_ENV, "nobody")
+    monkeypatch.setenv(launch.CHILD_USER_ENV, "nobody")
     code = (
         f"import os; print(os.getuid()); open('mine.txt', 'w').write('ok'); "
         f"open({str(results)!r}, 'w').write('forged')"
@@ -204,7 +204,7 @@ def test_children_run_as_the_configured_user_when_grading_as_root(tmp_path, monk
     # any interpreter 'nobody' may run: the test is about the uid, not about torch
     python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
     try:
-        result = procs.run([python, "-c", code], timeout=30, cwd=folder)
+        result = launch.run([python, "-c", code], timeout=30, cwd=folder)
     except PermissionError as err:
         pytest.skip(f"no interpreter here that 'nobody' may run ({err})")
     assert result.output.splitlines()[0] == str(nobody.pw_uid), result.describe()
@@ -219,7 +219,7 @@ def test_run_all_fail_fast_stops_the_rest_of_the_job():
         "fails": dict(args=[sys.executable, "-c", "raise SystemExit(3)"], timeout=60),
         "waits": dict(args=[sys.executable, "-c", "import time; time.sleep(60)"], timeout=60),
     }
-    results = procs.run_all(jobs, fail_fast=True)
+    results = launch.run_all(jobs, fail_fast=True)
     assert results["fails"].returncode == 3
     waits = results["waits"]
     assert waits.seconds < 20 and not waits.timed_out and not waits.ok, waits.describe()
@@ -228,7 +228,7 @@ def test_run_all_fail_fast_stops_the_rest_of_the_job():
 
 FORKED = """
 import os, sys, time
-from course import procs
+from course import launch
 
 def hello():
     print("hello from", os.getcwd(), flush=True)
@@ -240,24 +240,24 @@ def grandchild_then_hang():
     print("waiting", flush=True)
     time.sleep(3600)
 
-procs.become_subreaper()  # as the grader is: the orphaned grandchild comes back here
-assert procs.can_fork()
-done = procs.forked(hello, args=["hello"], timeout=30, cwd=sys.argv[1])
+launch.become_subreaper()  # as the grader is: the orphaned grandchild comes back here
+assert launch.can_fork()
+done = launch.forked(hello, args=["hello"], timeout=30, cwd=sys.argv[1])
 print("done", done.returncode, done.timed_out, repr(done.output))
-hung = procs.forked(grandchild_then_hang, args=["hang"], timeout=1)
-print("hung", hung.returncode, hung.timed_out, procs.group_alive(hung.pgid), repr(hung.output))
+hung = launch.forked(grandchild_then_hang, args=["hang"], timeout=1)
+print("hung", hung.returncode, hung.timed_out, launch.group_alive(hung.pgid), repr(hung.output))
 print("described", "did not finish within" in hung.describe())
 """
 
 
 def test_a_forked_function_has_its_output_exit_code_deadline_and_group_kill(tmp_path):
-    """procs.forked (the grader's import check, course/grader/warm.py) keeps procs.run's
+    """launch.forked (the grader's import check, course/grader/warm.py) keeps launch.run's
     promises: output captured, the function's int is the exit code, and at the deadline
     the child and what it started are killed. Run in a child: an xdist worker has threads,
     and can_fork() refuses those."""
     script = tmp_path / "forked.py"
     script.write_text(FORKED)
-    result = procs.python(script, tmp_path, timeout=60)
+    result = launch.python(script, tmp_path, timeout=60)
     assert result.returncode == 0, result.describe()
     assert f"done 3 False 'hello from {tmp_path}\\n'" in result.output
     assert "hung None True False 'waiting\\n'" in result.output
@@ -266,18 +266,18 @@ def test_a_forked_function_has_its_output_exit_code_deadline_and_group_kill(tmp_
 
 NATIVE_THREAD = """
 import _thread, threading, time
-from course import procs
-print("before", procs.can_fork())
+from course import launch
+print("before", launch.can_fork())
 _thread.start_new_thread(time.sleep, (60,))  # an OS thread that threading does not list
 time.sleep(0.2)
-print("python threads", threading.active_count(), "fork", procs.can_fork())
+print("python threads", threading.active_count(), "fork", launch.can_fork())
 """
 
 
 def test_forking_is_refused_where_native_threads_run():
     """A thread Python's threading module does not know (CUDA's, OpenMP's) also stops
     can_fork(): the OS's count is read, not threading.active_count(). In a child, alone."""
-    result = procs.run([sys.executable, "-c", NATIVE_THREAD], timeout=60)
+    result = launch.run([sys.executable, "-c", NATIVE_THREAD], timeout=60)
     assert result.ok, result.describe()
     assert "before True" in result.output, result.output
     assert "python threads 1 fork False" in result.output, result.output
@@ -290,9 +290,9 @@ def test_forking_is_refused_where_threads_run():
     thread = threading.Thread(target=stop.wait)
     thread.start()
     try:
-        assert not procs.can_fork()
+        assert not launch.can_fork()
         with pytest.raises(RuntimeError, match="single-threaded"):
-            procs.forked(lambda: 0, args=["x"], timeout=1)
+            launch.forked(lambda: 0, args=["x"], timeout=1)
     finally:
         stop.set()
         thread.join()

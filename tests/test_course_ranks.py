@@ -126,11 +126,11 @@ def test_destroy_process_group_leaves_no_reference_after_course_ranks(tmp_path):
     and then abort the process there (see course/ranks.py)."""
     import sys
 
-    from course import procs
+    from course import launch
 
     held = {}
     for order in ("early", "late"):
-        result = procs.run(
+        result = launch.run(
             args=[sys.executable, "-c", GROUP_HOLDERS, order, str(tmp_path / f"{order}.store")],
             timeout=60,
         )
@@ -184,11 +184,11 @@ def test_reduce_scatter_averages_says_what_fsdp2_will_do(tmp_path):
     its gloo reduce-scatter ignores ReduceOp.AVG), whichever this PyTorch does."""
     import sys
 
-    from course import procs
+    from course import launch
 
     script = tmp_path / "scale.py"
     script.write_text(FSDP2_SCALE)
-    result = procs.run(args=[sys.executable, str(script)], timeout=90, cwd=tmp_path)
+    result = launch.run(args=[sys.executable, str(script)], timeout=90, cwd=tmp_path)
     assert result.returncode == 0, result.describe()
     said, mean = result.output.split()[-2:]
     assert float(mean) in (1.5, 3.0), f"FSDP2's gradient is {mean}, neither mean nor sum"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from course import REPO_ROOT, procs
+from course import REPO_ROOT, launch
 
 yaml = pytest.importorskip("yaml", reason="PyYAML reads the manifest (the dev extra installs it)")
 
@@ -31,7 +31,7 @@ def dry_run(command: str, values: dict[str, str]) -> str:
     words[start] = str(FOLDER / "launch.py")
     split = words.index("--")
     words[split:split] = ["--dry-run"]
-    result = procs.run([sys.executable, *words[start:]], timeout=30, cwd=REPO_ROOT)
+    result = launch.run([sys.executable, *words[start:]], timeout=30, cwd=REPO_ROOT)
     assert result.ok, result.describe()
     return result.output
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from course import procs
+from course import launch
 from course.tools import spy
 
 STUCK = """
@@ -33,7 +33,7 @@ def test_spy_prints_where_each_rank_waits(tmp_path):
         pytest.skip(why)
     script = tmp_path / "stuck.py"
     script.write_text(STUCK)
-    result = procs.run(args=[sys.executable, "-m", "course", "spy", str(script)], timeout=90)
+    result = launch.run(args=[sys.executable, "-m", "course", "spy", str(script)], timeout=90)
     assert result.returncode == 0, result.describe()
     out = result.output
     rank0, rank1 = out.split("rank 0, main thread")[1].split("rank 1, main thread")
@@ -43,7 +43,7 @@ def test_spy_prints_where_each_rank_waits(tmp_path):
 
 
 def test_spy_refuses_a_missing_script_in_one_line(tmp_path):
-    result = procs.run(
+    result = launch.run(
         args=[sys.executable, "-m", "course", "spy", str(tmp_path / "nope.py")], timeout=60
     )
     assert result.returncode == 2

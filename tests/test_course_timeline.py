@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from course import REPO_ROOT, procs
+from course import REPO_ROOT, launch
 from course.tools import timeline
 
 TRACE = {
@@ -107,7 +107,7 @@ def test_the_published_record_loads_and_draws():
 def test_two_gloo_ranks_write_a_record_perfetto_opens(tmp_path):
     out = tmp_path / "t.json"
     args = ["--out", str(out), "--layers", "4", "--width", "128", "--batch", "32"]
-    result = procs.run([sys.executable, "-m", "course", "timeline", *args], timeout=120)
+    result = launch.run([sys.executable, "-m", "course", "timeline", *args], timeout=120)
     assert result.ok, result.describe()
     doc = json.loads(out.read_text())
     lanes = {e["cat"] for e in doc["traceEvents"]}
@@ -119,7 +119,7 @@ def test_two_gloo_ranks_write_a_record_perfetto_opens(tmp_path):
 
 def test_nccl_without_two_gpus_is_one_line(tmp_path):
     args = ["timeline", "--backend", "nccl", "--out", str(tmp_path / "t.json")]
-    result = procs.run(
+    result = launch.run(
         [sys.executable, "-m", "course", *args], timeout=60, env={"CUDA_VISIBLE_DEVICES": ""}
     )
     lines = [line for line in result.output.splitlines() if line.strip()]

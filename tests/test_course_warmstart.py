@@ -1,4 +1,4 @@
-"""Warm starts (course/warmstart.py): a launch's Python processes are forks of a zygote
+"""Warm starts (course/launch/warm/): a launch's Python processes are forks of a zygote
 that imported torch, and behave as the fresh interpreters they replace.
 
 Each script below prints whether torch was imported before its first line ran: that is
@@ -15,11 +15,12 @@ import textwrap
 
 import pytest
 
-from course import procs, warmstart
+from course import launch
+from course.launch.warm import pool, protocol
 
-pytestmark = pytest.mark.skipif(not warmstart.allowed(), reason="no warm starts here")
+pytestmark = pytest.mark.skipif(not protocol.allowed(), reason="no warm starts here")
 
-COLD = {warmstart.SWITCH_ENV: "0"}
+COLD = {protocol.SWITCH_ENV: "0"}
 
 ECHO = """
     import sys
@@ -42,8 +43,8 @@ def script(tmp_path, text: str, name: str = "s.py"):
 def both(path, *args, env=None, **kwargs):
     """(warm, cold) results of one command."""
     command = [sys.executable, str(path), *args]
-    warm = procs.run(command, timeout=90, env=env, **kwargs)
-    cold = procs.run(command, timeout=90, env={**(env or {}), **COLD}, **kwargs)
+    warm = launch.run(command, timeout=90, env=env, **kwargs)
+    cold = launch.run(command, timeout=90, env={**(env or {}), **COLD}, **kwargs)
     return warm, cold
 
 
@@ -64,7 +65,7 @@ def test_what_torch_reads_at_import_is_the_launchs_own(tmp_path, monkeypatch):
     that sets them gets them, from a zygote started with its environment or cold (a
     zygote whose imports started threads serves nobody: a fork would copy them). With
     room for one zygote, each new environment ends the idle one before."""
-    monkeypatch.setattr(procs._Zygotes, "MOST", 1)
+    monkeypatch.setattr(pool._Zygotes, "MOST", 1)
     path = script(tmp_path, ECHO)
     warm, cold = both(path, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, cwd=tmp_path)
     assert warm.output.splitlines()[0] == "warm", warm.describe()
@@ -74,7 +75,7 @@ def test_what_torch_reads_at_import_is_the_launchs_own(tmp_path, monkeypatch):
     warm, cold = both(path, env=threads, cwd=tmp_path)
     assert f"{min(2, os.cpu_count())} DebugLevel.OFF" in warm.output.splitlines(), warm.output
     assert warm.output.splitlines()[1:] == cold.output.splitlines()[1:]
-    live = [path for proc, path in procs._zygotes.running.values() if proc is not None]
+    live = [path for proc, path in pool._zygotes.running.values() if proc is not None]
     assert len(live) <= 1, live
 
 
@@ -90,7 +91,7 @@ def test_a_crash_and_a_signal_end_a_warm_process_as_they_end_a_cold_one(tmp_path
 
 
 def test_a_killed_launch_leaves_no_warm_process_behind(tmp_path):
-    """The deadline kills the launch's group: the client, and (drained by procs.run
+    """The deadline kills the launch's group: the client, and (drained by launch.run
     before it returns) the zygote's child that ran the program."""
     pid_file = tmp_path / "pid"
     code = f"""
@@ -98,7 +99,7 @@ def test_a_killed_launch_leaves_no_warm_process_behind(tmp_path):
         open({str(pid_file)!r}, "w").write(f"{{os.getpid()}} {{'torch' in sys.modules}}")
         time.sleep(120)
     """
-    result = procs.run([sys.executable, str(script(tmp_path, code))], timeout=8)
+    result = launch.run([sys.executable, str(script(tmp_path, code))], timeout=8)
     assert result.timed_out
     pid, warm = pid_file.read_text().split()
     assert warm == "True", "the sleeper did not start warm"
@@ -114,7 +115,7 @@ def test_torchrun_workers_and_mp_spawn_children_start_warm(tmp_path):
     )
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", "2", str(rank)]  # fmt: skip
-    result = procs.run(command, timeout=120)
+    result = launch.run(command, timeout=120)
     assert result.ok, result.describe()
     printed = "\n".join([result.output, *result.rank_logs.values()]).splitlines()
     assert sorted(line for line in printed if line.startswith("rank")) == [
@@ -132,7 +133,7 @@ def test_torchrun_workers_and_mp_spawn_children_start_warm(tmp_path):
         if __name__ == "__main__":
             mp.spawn(child, nprocs=2)
     """, "spawn.py")  # fmt: skip
-    result = procs.run([sys.executable, str(spawn)], timeout=120)
+    result = launch.run([sys.executable, str(spawn)], timeout=120)
     assert result.ok, result.describe()
     assert sorted(line for line in result.output.splitlines() if line.startswith("child")) == [
         "child 0 True",
@@ -156,11 +157,11 @@ def test_torchrun_workers_and_mp_spawn_children_start_warm(tmp_path):
     ],
 )
 def test_the_zygote_serves_programs_and_leaves_the_rest_cold(argv, served):
-    assert (warmstart.cold_reason(argv) is None) == served, warmstart.cold_reason(argv)
+    assert (protocol.cold_reason(argv) is None) == served, protocol.cold_reason(argv)
 
 
 def test_a_new_environment_ends_an_idle_zygote_never_one_in_use(tmp_path, monkeypatch):
-    """procs._Zygotes keeps at most MOST zygotes: a launch with a new environment ends the
+    """pool._Zygotes keeps at most MOST zygotes: a launch with a new environment ends the
     least recently used idle one, and starts cold when every one serves a launch now.
     (The zygotes are stand-ins here: this is the bookkeeping, not the fork.)"""
 
@@ -178,7 +179,7 @@ def test_a_new_environment_ends_an_idle_zygote_never_one_in_use(tmp_path, monkey
     def stop(proc, folder):
         proc.alive = False
 
-    zygotes = procs._Zygotes()
+    zygotes = pool._Zygotes()
     monkeypatch.setattr(zygotes, "MOST", 2)
     monkeypatch.setattr(zygotes, "start", start)
     monkeypatch.setattr(zygotes, "stop", stop)

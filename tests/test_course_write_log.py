@@ -1,14 +1,14 @@
 """course/probes/write_log.py: how each file was put in place, seen from inside a process.
 
 The child is armed the way the grader arms a lesson's run (COURSE_WRITE_LOG, with
-course.procs putting the probes on its PYTHONPATH); it writes a checkpoint four ways.
+course.launch putting the probes on its PYTHONPATH); it writes a checkpoint four ways.
 """
 
 from __future__ import annotations
 
 import sys
 
-from course import procs
+from course import launch
 from course.probes import write_log
 from course.probes.write_log import WRITE_LOG_ENV
 
@@ -35,7 +35,7 @@ def test_each_way_of_putting_a_file_in_place_is_told_apart(tmp_path):
     out.mkdir()
     script = tmp_path / "writer.py"
     script.write_text(SCRIPT)
-    result = procs.run(
+    result = launch.run(
         [sys.executable, str(script), str(out)], timeout=60, env={WRITE_LOG_ENV: str(log)}
     )
     assert result.ok, result.describe()

@@ -19,7 +19,7 @@ import time
 import pytest
 
 import course
-from course import REPO_ROOT, lessons, procs
+from course import REPO_ROOT, launch, lessons
 from course.grader import warm
 
 
@@ -154,7 +154,7 @@ def test_a_submission_broken_at_import_fails_its_lesson_at_once(grader, tmp_path
     assert graded and all(t["status"] == "failed" for t in graded), run.describe(30)
     reasons = {t["output"].strip() for t in graded}
     assert len(reasons) == 1 and words in reasons.pop(), f"expected one shared line: {reasons}"
-    limit = (IMPORT_DEADLINE_S + 60) * procs.timeout_scale()  # the check, plus pytest's start
+    limit = (IMPORT_DEADLINE_S + 60) * launch.timeout_scale()  # the check, plus pytest's start
     assert run.seconds < limit, (
         f"the lesson took {run.seconds:.0f} s to grade; a broken import should end it within "
         f"{limit:.0f} s (each launch alone waits up to 120 s)"
@@ -217,7 +217,7 @@ def test_a_broken_exercise_file_fails_its_own_tests_alone(grader, tmp_path, numb
     )
     reasons = {t["output"].strip() for t in graded if t["status"] == "failed"}
     assert len(reasons) == 1 and words in reasons.pop(), f"expected one shared line: {reasons}"
-    limit = (IMPORT_DEADLINE_S + 90) * procs.timeout_scale()  # the check, and the lesson
+    limit = (IMPORT_DEADLINE_S + 90) * launch.timeout_scale()  # the check, and the lesson
     assert seconds < limit, f"the lesson took {seconds:.0f} s to grade, more than {limit:.0f} s"
 
 
@@ -261,7 +261,7 @@ def test_pytest_timeouts_stretch_with_course_timeout_scale(tmp_path):
     args = [sys.executable, "-m", "pytest", str(planted), "-q", "-p", "no:cacheprovider"]
     args += ["-p", "no:xdist", "-o", "addopts=", "-p", "course.grader.plugin", "-o", "timeout=1"]
     for scale, failed in (("1", 2), ("3", 0)):
-        run = procs.run(args, timeout=60, cwd=tmp_path, env={"COURSE_TIMEOUT_SCALE": scale})
+        run = launch.run(args, timeout=60, cwd=tmp_path, env={"COURSE_TIMEOUT_SCALE": scale})
         assert f"{failed} failed" in run.output if failed else "2 passed" in run.output, (
             f"COURSE_TIMEOUT_SCALE={scale}: expected {failed} of 2 tests past their 1 s "
             f"limit to fail\n{run.describe()}"

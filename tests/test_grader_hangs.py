@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from course import procs
+from course import launch
 
 # Deadlines of the two planted hangs below. Both ranks printed 3.2-4.0 s after the start
 # on an idle two-core machine (2026-12-01); importing torch is 2.7x slower with four busy
@@ -74,7 +74,7 @@ def planted(tmp_path_factory):
         script = folder / f"{name}.py"
         script.write_text(text)
         futures[name] = pool.submit(
-            procs.python, script, timeout=deadline, log_dir=folder / "ranks", cwd=folder, stop=stop
+            launch.python, script, timeout=deadline, log_dir=folder / "ranks", cwd=folder, stop=stop
         )
     try:
         yield futures
@@ -88,12 +88,12 @@ def test_rank_that_never_joins_a_collective_is_killed_with_its_group(planted):
     # (the lines below are asserted; HANG_DEADLINE_S); the hang itself would last an hour.
     result = planted["hang"].result()
     assert result.timed_out and not result.ok
-    assert not procs.group_alive(result.pgid), "processes outlived the timeout"
+    assert not launch.group_alive(result.pgid), "processes outlived the timeout"
     message = result.describe()
     assert "did not finish within" in message
     assert "rank 1 skips the all-reduce" in message
     assert "rank 0 waits in all_reduce" in message
-    assert procs.HANG_CAUSE in message, "a hang's report names its likely cause"
+    assert launch.HANG_CAUSE in message, "a hang's report names its likely cause"
 
 
 BARRIER_ON_RANK_0 = (
@@ -104,7 +104,7 @@ import torch, torch.distributed as dist, torch.multiprocessing as mp
     + FREE_PORT
     + """
 def worker(rank, port):
-    timeout = datetime.timedelta(seconds=float(os.environ["COURSE_PG_TIMEOUT"]))  # set by procs
+    timeout = datetime.timedelta(seconds=float(os.environ["COURSE_PG_TIMEOUT"]))  # course.launch
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2, timeout=timeout)
     for step in range(3):
@@ -125,9 +125,9 @@ def test_a_rank_0_only_barrier_is_reported_once_before_the_deadline(planted):
     collective before the grader has to kill anything; the report shows both ranks and the cause."""
     result = planted["barrier"].result()
     assert not result.ok
-    assert not procs.group_alive(result.pgid), "processes outlived the launch"
+    assert not launch.group_alive(result.pgid), "processes outlived the launch"
     message = result.failure()
     assert not result.timed_out, f"PyTorch's timeout should fire before the deadline\n{message}"
     assert "rank 0 at step 0" in message and "rank 1 at step" in message, message
-    assert message.count(procs.HANG_CAUSE) == 1, message
+    assert message.count(launch.HANG_CAUSE) == 1, message
     assert "shared launch failed" in result.failure(), "a second test gets one line, not a copy"

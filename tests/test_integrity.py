@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from course import REPO_ROOT, lessons, procs
+from course import REPO_ROOT, launch, lessons
 from course.tools.cli import grade_command
 
 GRADED = ("00", "03")
@@ -191,7 +191,7 @@ def grade(
     table and of the file (read again a second later: nothing may rewrite it)."""
     results = tmp_path / "results.json"
     args = [*grade_command(numbers, impl, results, workers, root=root), *extra]
-    run = procs.run(args, timeout=timeout, cwd=root, env=env, course_root=root)
+    run = launch.run(args, timeout=timeout, cwd=root, env=env, course_root=root)
     assert not run.timed_out, run.describe()
     table = re.search(r"^total\s+([\d.]+)/([\d.]+)", run.output, re.M)
     scores = []

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from course import REPO_ROOT, lessons, procs
+from course import REPO_ROOT, launch, lessons
 from course.grader import rules, warm
 from course.tools import mutants, release
 from course.tools.cli import grade_command
@@ -139,7 +139,7 @@ def test_mutant_is_rejected(tmp_path, grader, number, file, case):
         f"lesson {number}: the mutant '{case['name']}' was rejected, but the report does not "
         f"say {missing}\n{run.output[-3000:]}"
     )
-    assert not procs.group_alive(run.pgid), f"{case['name']}: processes outlived the grade"
+    assert not launch.group_alive(run.pgid), f"{case['name']}: processes outlived the grade"
 
 
 @pytest.mark.mutation

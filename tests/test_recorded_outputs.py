@@ -144,11 +144,11 @@ def test_a_recording_on_gpus_needs_them():
     refused in one line that names what it needs, and no record is written."""
     import sys
 
-    from course import procs
+    from course import launch
 
     path = record.FOLDER / "09_find_unused_gpu.json"
     before = path.read_bytes() if path.exists() else None
-    result = procs.run(
+    result = launch.run(
         args=[sys.executable, "-m", "course", "record", "09_find_unused_gpu"],
         timeout=120,
         env={"CUDA_VISIBLE_DEVICES": ""},

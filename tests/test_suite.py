@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from course import REPO_ROOT, procs
+from course import REPO_ROOT, launch
 from course.tools import durations
 
 # The top-level modules that only the `dev` extras install (with what they pull in).
@@ -42,11 +42,11 @@ sys.exit(pytest.main(sys.argv[2:]))
 """
 
 
-def collect(folder, *args: str) -> procs.RunResult:
+def collect(folder, *args: str) -> launch.RunResult:
     script = folder / "pytest_without_dev.py"
     script.write_text(WITHOUT_DEV)
     command = [sys.executable, script, ",".join(DEV_MODULES), "--collect-only", "-q"]
-    return procs.run([*command, "-p", "no:xdist", *args], timeout=120, cwd=REPO_ROOT)
+    return launch.run([*command, "-p", "no:xdist", *args], timeout=120, cwd=REPO_ROOT)
 
 
 def test_the_dev_extras_are_the_blocked_modules():

@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from course import REPO_ROOT, procs
+from course import REPO_ROOT, launch
 from course.grader import tolerances
 from course.tools import mutants
 from course.tools import tolerance_record as rec
@@ -104,7 +104,7 @@ def test_the_tool_measures_one_bound_on_the_reference_and_on_the_starter(tmp_pat
     records what it saw; on the starter (--impl lessons, whose train_step divides the loss
     by the world size) the test fails, the record says so, and the command exits 1."""
     out = tmp_path / "t.json"
-    deadline = 120 * procs.timeout_scale()
+    deadline = 120 * launch.timeout_scale()
     base = [sys.executable, "-m", "course", "tolerances", "09.ddp_step", "--seeds", "1"]
     run = subprocess.run([*base, "--out", str(out)], cwd=REPO_ROOT, capture_output=True,
                          text=True, timeout=deadline)  # fmt: skip
@@ -195,7 +195,7 @@ def test_the_tool_measures_a_known_mistake(tmp_path):
     the bound."""
     out = tmp_path / "t.json"
     out.write_text(RECORD.read_text())
-    deadline = 120 * procs.timeout_scale()
+    deadline = 120 * launch.timeout_scale()
     run = subprocess.run([sys.executable, "-m", "course", "tolerances", "09.ddp_step",
                           "--mistakes", "--mutant", "silent_loss_divided_by_world", "--out",
                           str(out)], cwd=REPO_ROOT, capture_output=True, text=True,

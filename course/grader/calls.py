@@ -399,7 +399,7 @@ class CaseFailed(AssertionError):
 class Outcome:
     """What the child sent back; `value` fails the calling test with one clear line."""
 
-    run: object  # procs.RunResult
+    run: object  # launch.RunResult
     data: dict | None
     tensor_file: Path
     _tensors: dict | None = field(default=None, repr=False)
@@ -437,22 +437,22 @@ def _fork_cases() -> bool:
     this process has run a backward pass, autograd's device threads make backward fail in
     every fork ("Unable to handle autograd's threading in combination with fork-based
     multiprocessing", measured on an H200 with torch 2.11). There, a new interpreter."""
-    from course import procs
+    from course import launch
 
-    if not procs.can_fork():
+    if not launch.can_fork():
         return False
     torch = sys.modules.get("torch")
     return torch is not None and torch.cuda.device_count() == 0
 
 
 def _case_child(script: Path, lesson_file: Path, out: Path, env: dict | None) -> int:
-    """In a fork of the grader (procs.forked): the case script as `python script lesson out`
-    would run it, with the environment procs gives every child."""
+    """In a fork of the grader (launch.forked): the case script as `python script lesson out`
+    would run it, with the environment launch gives every child."""
     import logging
     import runpy
     import warnings
 
-    from course import procs
+    from course import launch
 
     # What pytest installed in this process is not the script's: its log handlers and
     # warning hook write to descriptors the fork closed, where the ranks' sockets and
@@ -464,7 +464,7 @@ def _case_child(script: Path, lesson_file: Path, out: Path, env: dict | None) ->
     logging.root.setLevel(logging.WARNING)
     warnings.resetwarnings()
     warnings.showwarning = warnings._showwarning_orig
-    environment = procs.child_env(env)
+    environment = launch.child_env(env)
     os.environ.clear()
     os.environ.update(environment)
     if "torch" in sys.modules:  # OMP_NUM_THREADS is read once, at import: say it again
@@ -476,23 +476,25 @@ def _case_child(script: Path, lesson_file: Path, out: Path, env: dict | None) ->
 
 
 def run_cases(
-    script: Path, lesson_file: Path, folder: Path, timeout: float = 90, only=None
+    script: Path, lesson_file: Path, folder: Path, timeout: float = 90, only=None, cancel=None
 ) -> Outcome:
     """Run a case script on `lesson_file` in a child, in `folder` (only the cases named in
-    `only`, when given); read what it sent."""
-    from course import procs
+    `only`, when given); read what it sent. cancel: the test's (course.launch.Cancel): a
+    lesson file known broken is not launched."""
+    from course import launch
 
     out = Path(folder) / "cases-out"
     env = {ONLY_ENV: ",".join(only)} if only is not None else None
-    cancel = procs.current_cancel  # the lesson's file is known broken: launch nothing
-    if _fork_cases() and not (cancel is not None and cancel.refuses([lesson_file])):
+    if _fork_cases():
         # A fork of this process, which has imported torch and the course: 2-3 s of CPU
         # less than a new interpreter, for every case script of every grade.
         child = functools.partial(_case_child, script, lesson_file, out, env)
         args = [sys.executable, str(script), str(lesson_file), str(out)]
-        result = procs.forked(child, args=args, timeout=timeout, cwd=folder)
+        result = launch.forked(child, args=args, timeout=timeout, cwd=folder, cancel=cancel)
     else:  # an xdist worker (threads), or children that run as another user
-        result = procs.python(script, lesson_file, out, timeout=timeout, cwd=folder, env=env)
+        result = launch.python(
+            script, lesson_file, out, timeout=timeout, cwd=folder, env=env, cancel=cancel
+        )
     try:
         data = json.loads((out / RESULTS).read_text())
         if not isinstance(data, dict) or not isinstance(data.get("cases"), dict):

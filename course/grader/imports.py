@@ -4,7 +4,7 @@ and leaves the lesson's other exercises alone.
 
     probe = ImportProbe("09", [oom.py, unused.py, hang.py, ...])   # the first one: the main file
     probe.broken            # {path: the one line that says why}, of those that failed
-    probe.cancel_for(["hang.py"])   # the Cancel a test of hang.py runs under (course.procs)
+    probe.cancel_for(["hang.py"])   # the Cancel a test of hang.py runs under (course.launch)
 
 A test reads the lesson's main file and the exercises its `@pytest.mark.exercise("hang.py")`
 names. Its Cancel is set when one of those is broken: its launches never start and it fails
@@ -21,7 +21,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from course import procs
+from course import launch
 from course.grader import submission
 
 # Importing a lesson file (torch included) took at most 2.2 s on an idle 2-core machine
@@ -44,7 +44,7 @@ _RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b:?.*
 
 
 def _import_file(path: Path) -> None:
-    """_IMPORT, in a forked child of the grader (procs.forked)."""
+    """_IMPORT, in a forked child of the grader (launch.forked)."""
     sys.argv = ["-c", str(path)]  # as `python -c _IMPORT path` sees them
     exec(compile(_IMPORT, "<import probe>", "exec"), {"__name__": "__main__"})
 
@@ -56,17 +56,15 @@ def check(number: str, path: Path) -> str | None:
     except submission.LessonError as err:
         return str(err)  # the same line the tests give a file that won't parse
     with tempfile.TemporaryDirectory(prefix="course-import-") as folder:
-        if procs.can_fork():  # a fork of this process has torch imported already
-            result = procs.forked(
+        if launch.can_fork():  # a fork of this process has torch imported already
+            result = launch.forked(
                 functools.partial(_import_file, path),
                 args=["import", str(path)],
                 timeout=IMPORT_DEADLINE_S,
                 cwd=folder,
             )
         else:  # an xdist worker (threads) or a grader that switches user
-            result = procs.python(
-                "-c", _IMPORT, path, timeout=IMPORT_DEADLINE_S, cwd=folder, cancellable=False
-            )
+            result = launch.python("-c", _IMPORT, path, timeout=IMPORT_DEADLINE_S, cwd=folder)
     name = f"lesson {number}'s {path.name}"
     if result.timed_out:
         return (
@@ -94,7 +92,7 @@ class ImportProbe:
     def __init__(self, number: str, paths: list[Path]):
         self.number, self.main = number, paths[0]
         present = [p for p in paths if p.is_file()]  # a missing one: its tests say so
-        if procs.can_fork() or len(present) < 2:  # forks are cheap: one after another
+        if launch.can_fork() or len(present) < 2:  # forks are cheap: one after another
             found = [check(number, p) for p in present]
         else:
             with ThreadPoolExecutor(max_workers=len(present)) as pool:
@@ -103,9 +101,9 @@ class ImportProbe:
         # The Cancel of the tests that read only the main file (most lessons: every test).
         self.cancel = self.cancel_for([])
 
-    def cancel_for(self, exercises) -> procs.Cancel:
+    def cancel_for(self, exercises) -> launch.Cancel:
         """The Cancel of a test that reads the main file and `exercises` (file names)."""
-        cancel = procs.Cancel(self.broken)
+        cancel = launch.Cancel(self.broken)
         for path in [self.main, *(self.main.with_name(e) for e in exercises)]:
             if str(path) in self.broken:
                 cancel.set(self.broken[str(path)])

@@ -12,7 +12,7 @@ failure worth 0. Skipped tests (the nccl variants on a machine without enough
 GPUs) count neither way, and the table says how many were skipped.
 
 Integrity (docs/threat-model.md): this process never imports a submission;
-student code runs only in child processes (course/grader/calls.py, course/procs.py),
+student code runs only in child processes (course/grader/calls.py, course/launch/),
 and a test fails if a submission's module ever turns up in sys.modules here.
 The results file is written by this process alone: a zero-score file when the
 session starts (a killed grading leaves no stale score), and the real one
@@ -34,11 +34,12 @@ from pathlib import Path
 import pytest
 
 import course
-from course import atomic, procs
+from course import atomic, launch
 from course import lessons as registry
 from course.grader import calls, draws, rules
 from course.grader.imports import ImportProbe
 from course.grader.rules import LESSON_PROPERTY, MARKERS_PROPERTY, POINTS_PROPERTY, lesson_of
+from course.launch.launcher import Launcher
 
 NOT_FINISHED = "did not finish: the test process crashed or was stopped"
 
@@ -59,7 +60,7 @@ def pytest_configure(config):
         config.course_impl = registry.resolve_impl(config.getoption("impl"))
     except FileNotFoundError as err:
         raise pytest.UsageError(str(err)) from None
-    procs.become_subreaper()  # orphans of the children come back to us, to be killed
+    launch.become_subreaper()  # orphans of the children come back to us, to be killed
     # Set here, in the controller, before xdist starts its workers: they and every child
     # draw the same configurations (course/grader/draws.py).
     config.course_seed = draws.choose_seed()
@@ -127,7 +128,9 @@ def call_lesson(
 
     The grading process never imports the submission (see course/grader/calls.py)."""
     path = lesson.path(impl).with_name(script) if script else lesson.path(impl)
-    return LessonCalls(calls.run_cases(cases, path, folder, only=only), path)
+    probe = _probes.get(lesson.number)  # made before the lesson's first test (setup)
+    cancel = probe.cancel if probe is not None else None
+    return LessonCalls(calls.run_cases(cases, path, folder, only=only, cancel=cancel), path)
 
 
 # --- a submission that hangs or fails at import: its tests fail at once (imports.py) ---
@@ -163,7 +166,6 @@ def exercises_of(item) -> tuple[str, ...]:
 def pytest_runtest_setup(item):
     probe = _probe_for(item)
     item.stash[_CANCEL] = probe.cancel_for(exercises_of(item)) if probe is not None else None
-    procs.current_cancel = item.stash[_CANCEL]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -174,10 +176,13 @@ def pytest_runtest_call(item):
         pytest.fail(cancel.reason, pytrace=False)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item):
-    yield
-    procs.current_cancel = None
+@pytest.fixture(scope="module")
+def launcher(request) -> Launcher:
+    """Launches for a lesson's tests (course.launch.Launcher): one that names a file of the
+    lesson known broken (it hangs or fails at import) is refused at once, so that the
+    lesson's tests fail in a second instead of each waiting out its deadline."""
+    probe = _probe_for(request.node)
+    return Launcher(probe.cancel if probe is not None else None)
 
 
 def needed(request, every) -> list[str]:
@@ -231,10 +236,10 @@ TOGETHER = {"test_site.py": "site", "test_browser.py": "site"}  # one worker, on
 
 def _scale_pytest_timeouts(config, items) -> None:
     """pytest-timeout's limits (its `timeout` setting, @pytest.mark.timeout) stretch with
-    COURSE_TIMEOUT_SCALE, as every launch's deadline does (course/procs.py): on a slow
+    COURSE_TIMEOUT_SCALE, as every launch's deadline does (course/launch/): on a slow
     machine a test would otherwise be killed by pytest-timeout while its launches,
     already scaled, are still within theirs."""
-    scale = procs.timeout_scale()
+    scale = launch.timeout_scale()
     if scale == 1 or not hasattr(config, "_env_timeout"):  # no pytest-timeout: nothing to do
         return
     if config._env_timeout:
@@ -429,8 +434,8 @@ class GradeBook:
     def pytest_sessionfinish(self, session):
         yield  # after every other plugin's session end (xdist stops its workers there)
         # Nothing a submission started may outlive the grading and touch the file.
-        procs.stop_zygotes()  # course/warmstart.py: they end their children themselves
-        procs.kill_descendants()
+        launch.stop_zygotes()  # course/launch/warm/: they end their children themselves
+        launch.kill_descendants()
         if self.path:
             self.write()
 

@@ -4,12 +4,12 @@ tests/test_mutants.py grades about ninety copies of the solutions, each as
 `python -m pytest tests/test_NN_*.py --impl=COPY ...` would. A fresh interpreter spends
 3 s of CPU importing pytest and torch before it collects a test (2 cores, measured
 2026-12-01), a quarter of a typical mutant's grading. Here one server process,
-started with the environment `procs.run` gives a grading, imports them once; for each
+started with the environment `launch.run` gives a grading, imports them once; for each
 request it forks a child that runs `pytest.main(args)`, in a session of its own, with
 output to a file. The child imports the test modules, the grader plugin and the
 submission's helpers itself, as a fresh grading does, so no state of one grading
 reaches the next. The caller keeps the deadline and kills the child's whole group,
-exactly as `procs.run` does, and gets the same `procs.RunResult`.
+exactly as `launch.run` does, and gets the same `launch.RunResult`.
 
     with warm.Server(root) as server:
         result = server.run(command, timeout=300, cwd=root)
@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from course import procs
+from course import launch
 
 # What a lesson's tests import, loaded once in the server (not the test modules, the
 # conftest or course.grader.plugin: pytest imports those itself, to rewrite their asserts).
@@ -40,7 +40,7 @@ PRELOAD = (
     "pytest",
     "torch",
     "torch.distributed",
-    "torch._dynamo",  # for the gradings' zygotes (procs.fork_zygote): 3 s each, else
+    "torch._dynamo",  # for the gradings' zygotes (launch.fork_zygote): 3 s each, else
     "torch.multiprocessing",
     "torch.utils.data",
     "course.grader.calls",
@@ -68,7 +68,7 @@ def serve() -> None:
         pid = os.fork()
         if pid == 0:
             sys.argv = ["pytest", *job["args"]]
-            procs._child_exit(functools.partial(_grade, job["args"]), out, job["cwd"])
+            launch.child_exit(functools.partial(_grade, job["args"]), out, job["cwd"])
         os.close(out)
         replies.write(json.dumps({"pid": pid}) + "\n")
         status = os.waitpid(pid, 0)[1]
@@ -77,11 +77,11 @@ def serve() -> None:
 
 def _grade(args: list[str]) -> int:
     """One grading, in a fork of the server. Its launches' Python processes are forks of
-    a zygote (course/warmstart.py) that is itself a fork of this process, made before
+    a zygote (course/launch/warm/) that is itself a fork of this process, made before
     pytest starts: torch and torch._dynamo imported already, and nothing of pytest's run."""
     import pytest
 
-    procs.fork_zygote()
+    launch.fork_zygote()
     return pytest.main(args)
 
 
@@ -99,7 +99,7 @@ class Server:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 cwd=self.root,
-                env=procs.child_env(course_root=self.root),
+                env=launch.child_env(course_root=self.root),
                 start_new_session=True,
                 text=True,
             )
@@ -108,7 +108,7 @@ class Server:
     def __exit__(self, *exc) -> None:
         if self.proc is not None:
             self.proc.stdin.close()
-            procs.kill_group(self.proc.pid)
+            launch.kill_group(self.proc.pid)
             self.proc.wait()
             self.proc = None
 
@@ -121,12 +121,12 @@ class Server:
             return json.loads(line) if line else None
         return None
 
-    def run(self, command: list[str], *, timeout: float, cwd: str | Path) -> procs.RunResult:
-        """`procs.run(command, timeout=timeout, cwd=cwd, course_root=root)`, warm."""
+    def run(self, command: list[str], *, timeout: float, cwd: str | Path) -> launch.RunResult:
+        """`launch.run(command, timeout=timeout, cwd=cwd, course_root=root)`, warm."""
         if self.proc is None or self.proc.poll() is not None:
-            return procs.run(command, timeout=timeout, cwd=cwd, course_root=self.root)
+            return launch.run(command, timeout=timeout, cwd=cwd, course_root=self.root)
         args = _pytest_args(command)
-        start, unscaled, timeout = time.monotonic(), timeout, timeout * procs.timeout_scale()
+        start, unscaled, timeout = time.monotonic(), timeout, timeout * launch.timeout_scale()
         with tempfile.NamedTemporaryFile(prefix="course-grade-", suffix=".out") as out:
             request = {"args": args, "cwd": str(cwd), "output": out.name}
             self.proc.stdin.write(json.dumps(request) + "\n")
@@ -134,7 +134,7 @@ class Server:
             started = self._reply(time.monotonic() + 60)
             if started is None:  # the server died: grade the ordinary way
                 self.proc.kill()
-                return procs.run(command, timeout=unscaled, cwd=cwd, course_root=self.root)
+                return launch.run(command, timeout=unscaled, cwd=cwd, course_root=self.root)
             pid, timed_out = started["pid"], False
             ended = self._reply(start + timeout)
             if ended is None:
@@ -144,10 +144,10 @@ class Server:
                 except ProcessLookupError:
                     pass
                 ended = self._reply(time.monotonic() + 30)
-            procs.kill_group(pid)  # what the grading started does not outlive it
+            launch.kill_group(pid)  # what the grading started does not outlive it
             output = Path(out.name).read_text(errors="replace")
         status = ended["status"] if ended is not None else None
-        return procs.RunResult(
+        return launch.RunResult(
             args=[str(a) for a in command],
             returncode=None if timed_out or status is None else os.waitstatus_to_exitcode(status),
             output=output,
@@ -167,9 +167,9 @@ def grade_once(args: list[str]) -> int:
     user for the children), nothing is preloaded: pytest starts as it would."""
     import importlib
 
-    from course import warmstart
+    from course.launch.warm import protocol
 
-    if procs.can_fork() and warmstart.allowed(procs.child_env()):
+    if launch.can_fork() and protocol.allowed(launch.child_env()):
         for name in PRELOAD:
             importlib.import_module(name)
     return _grade(args)

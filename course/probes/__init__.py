@@ -1,7 +1,7 @@
 """What the grader and `course bench` observe inside a lesson's processes.
 
 course/probes/_site/sitecustomize.py runs `install()` at the start of every Python
-process that has course/probes/_site on its PYTHONPATH (course.procs puts it there
+process that has course/probes/_site on its PYTHONPATH (course.launch puts it there
 for everything it launches). Each probe is armed by its environment variable
 and costs nothing otherwise; those that hook into torch wait until the process
 imports it (`after_torch_import`):
@@ -19,7 +19,7 @@ imports it (`after_torch_import`):
     COURSE_RANK_LOG_DIR each rank's output in a file of its own (course/probes/rank_output.py)
     COURSE_CONNECT_LOG  every TCP connect attempt, timed (course/probes/connect_log.py)
     COURSE_READY_LOG    when the process finished importing torch (and torch._dynamo):
-                        a time.time() written to the file (course.procs.run's `ready`: a
+                        a time.time() written to the file (course.launch.run's `ready`: a
                         deadline that does not count a slow start)
     COURSE_KILL_*       faults injected on purpose (course/probes/chaos.py), and
     COURSE_SWAP_ALL_REDUCE  a rank's first all_reduce swapped for a broadcast (the same)

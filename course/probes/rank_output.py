@@ -1,7 +1,7 @@
 """Each rank's output in a file of its own, so that a hang or a crash can be
 traced to the rank that caused it.
 
-With COURSE_RANK_LOG_DIR=DIR in the environment (course.procs sets it for
+With COURSE_RANK_LOG_DIR=DIR in the environment (course.launch sets it for
 the grader's distributed runs), every process of a lesson that knows its
 rank sends its stdout and stderr to DIR/rank<R>.log. The lessons never call
 this; course/probes/__init__.py installs it at start-up:

@@ -8,7 +8,7 @@ any timing code. PyTorch offers the hook for that: a function registered with
 
 `course/probes/_site/sitecustomize.py` installs it (course/probes/__init__.py) in every
 Python process that starts with `COURSE_STEP_LOG=DIR` in its environment and
-`course/probes/_site` on its PYTHONPATH (course.procs puts it there), spawned ranks
+`course/probes/_site` on its PYTHONPATH (course.launch puts it there), spawned ranks
 and torchrun's workers included. Every `COURSE_STEP_EVERY` steps (a window) the hook waits for the
 GPU to finish (kernels run asynchronously: the CPU's clock alone would time
 the launches, not the work) and appends "<step> <seconds>" to

@@ -4,7 +4,7 @@
 student writes the file with: course.checkpoint.save, their own torch.save
 to a temporary file and os.replace, or a plain open(). So the grader does not
 ask the lesson; it watches. With COURSE_WRITE_LOG=PATH in a process's
-environment (and course/probes/_site on its PYTHONPATH, which course.procs always
+environment (and course/probes/_site on its PYTHONPATH, which course.launch always
 arranges), that process appends one line "<rank> <how> <path>" to PATH for:
 
 - every file it opens for writing (Python's audit event "open"),

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from course import REPO_ROOT, lessons, procs
+from course import REPO_ROOT, launch, lessons
 
 # Minutes a lesson's step may take on GitHub's hosted runner (2 or 4 cores; a lesson grades
 # in under 45 s on 2): the command grader stops the step at the limit, worth 0.
@@ -86,7 +86,7 @@ def cpu_points(numbers: list[str]) -> dict[str, float]:
         command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
         command += ["-p", "no:xdist", "-p", "course.tools.classroom", *files]
         run = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                             env={**procs.child_env(), POINTS_FILE_ENV: str(out)})  # fmt: skip
+                             env={**launch.child_env(), POINTS_FILE_ENV: str(out)})  # fmt: skip
         if run.returncode != 0 or not out.exists():
             raise RuntimeError(f"collecting the lessons' tests failed:\n{run.stdout[-2000:]}")
         found = json.loads(out.read_text())

@@ -35,7 +35,7 @@ import subprocess
 import sys
 
 import course
-from course import REPO_ROOT, lessons, procs
+from course import REPO_ROOT, launch, lessons
 from course.tools import release
 
 
@@ -165,7 +165,7 @@ def _run(args) -> int:
 
         say_capability()
     # The student's own thread settings: each lesson shares the CPU itself.
-    return subprocess.call(command, env=procs.child_env(one_thread=False))
+    return subprocess.call(command, env=launch.child_env(one_thread=False))
 
 
 def grade_command(
@@ -196,7 +196,7 @@ def _grade(args) -> int:
         from course.grader import warm
 
         command = warm.one_process(command)
-    return subprocess.call(command, cwd=REPO_ROOT, env=procs.child_env())
+    return subprocess.call(command, cwd=REPO_ROOT, env=launch.child_env())
 
 
 def _list(_args) -> int:
@@ -226,7 +226,7 @@ def _doctor(_args) -> int:
             "the reference solutions are not installed here (a graded class ships without "
             "them); run your own `python lessons/00_environment/env_check.py` instead"
         )
-    return subprocess.call([sys.executable, str(script)], env=procs.child_env())
+    return subprocess.call([sys.executable, str(script)], env=launch.child_env())
 
 
 def _release(args) -> int:

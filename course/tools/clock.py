@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from course import procs
+from course import launch
 from course.probes import step_clock
 
 
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
         env = {step_clock.LOG_ENV: folder, step_clock.EVERY_ENV: str(args.window)}
         env[step_clock.WAIT_ENV] = "1"
         code = subprocess.run(
-            [sys.executable, str(script), *args.args], env=procs.child_env(env, one_thread=False)
+            [sys.executable, str(script), *args.args], env=launch.child_env(env, one_thread=False)
         ).returncode
         print(report(folder, args.window))
     return code

@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from course import atomic, lessons, procs
+from course import atomic, launch, lessons
 
 # A deadline for one student's whole grading, per lesson graded: the grader's own
 # deadlines end a hung launch well before (one lesson grades in under 45 s on 2 cores,
@@ -68,7 +68,7 @@ def grade_one(student: Path, numbers: list[str], scratch: Path) -> dict:
     results = work / "results.json"
     command = [sys.executable, "-m", "course", "grade", *numbers, "--impl", str(student.resolve())]
     command += ["--grade-json", str(results)]
-    run = procs.run(
+    run = launch.run(
         command,
         timeout=SECONDS_PER_LESSON * len(numbers),
         cwd=work,

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import course
-from course import atomic, lessons, procs
+from course import atomic, launch, lessons
 
 KIND = "course-grading-cost"
 BUDGET_S = 45  # a lesson's grading, on two cores (docs/contributing.md)
@@ -42,7 +42,7 @@ def grade_lesson(number: str, impl: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "results.json"
         cpu = _cpu_seconds()
-        run = procs.run(
+        run = launch.run(
             warm.one_process(grade_command([number], impl, results)), timeout=DEADLINE_S, cwd=tmp,
             env={"TMPDIR": tmp},
         )  # fmt: skip

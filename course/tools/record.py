@@ -21,7 +21,8 @@ import platform
 import re
 from pathlib import Path
 
-from course import REPO_ROOT, atomic, procs, warmstart
+from course import REPO_ROOT, atomic, launch
+from course.launch.warm import protocol
 from course.tools.recordings import RECORDINGS, Recording
 
 FOLDER = REPO_ROOT / "docs" / "results" / "outputs"
@@ -55,7 +56,7 @@ VOLATILE = [
 # is killed (if it gets that far before torchrun stops it), and torchrun's own
 # log lines ("W1130 02:21:27.759000 7418 .../api.py:1028] ...": which rank it
 # reports first depends on timing), and the course's own notes (a launch
-# repeated after torchrun's error-file race, course/procs.py).
+# repeated after torchrun's error-file race, course/launch/).
 DROPPED = re.compile(r"^(\[rank\d+\]:|[WEI]\d{4} \d\d:|course: )")
 
 
@@ -117,7 +118,7 @@ def get(name: str) -> Recording:
 # The CPU kernels PyTorch and oneDNN pick depend on the processor's vector instructions.
 # Every recording and its check run with the AVX2 kernels, which every x86-64 machine of
 # the last decade has, and with one thread per process whatever the caller's
-# OMP_NUM_THREADS says (procs pins it). That narrows what the processor changes, and does
+# OMP_NUM_THREADS says (course.launch pins it). That narrows what the processor changes, and does
 # not remove it: on an AMX Xeon lesson 01's epoch-3 test accuracy was 96.66 %, on the
 # processor of the earlier records 97.49 %, both pinned. A record names its processor,
 # and tests/test_recorded_outputs.py allows a measured wider band on another one.
@@ -148,22 +149,22 @@ def say_capability() -> None:
             print(note, flush=True)
 
 
-def run(recording: Recording, cwd: Path) -> procs.RunResult:
+def run(recording: Recording, cwd: Path) -> launch.RunResult:
     """Run the recording's command with one CPU thread per process, so that the
     figures do not depend on the machine's core count (the order of a parallel
     sum does), and with PINNED_ENV's kernels; into a file, the lessons draw no
     progress bars."""
-    launch = procs.run_torchrun if recording.torchrun else procs.run
+    start = launch.run_torchrun if recording.torchrun else launch.run
     env = {**PINNED_ENV, **dict(recording.env)}
     if not recording.gpus:  # a CPU recording stays one where GPUs are visible (device auto)
         env["CUDA_VISIBLE_DEVICES"] = ""
     if recording.stacks:
-        env[warmstart.SWITCH_ENV] = "0"
+        env[protocol.SWITCH_ENV] = "0"
     if recording.before:  # what the recorded command starts from, in the same folder
-        first = procs.run(args=recording.before_command(), timeout=180, cwd=cwd, env=env)
+        first = launch.run(args=recording.before_command(), timeout=180, cwd=cwd, env=env)
         if not first.ok:
             return first
-    return launch(args=recording.command(), timeout=180, cwd=cwd, env=env)
+    return start(args=recording.command(), timeout=180, cwd=cwd, env=env)
 
 
 def processor() -> str:

@@ -43,7 +43,7 @@ class Recording:
     @property
     def stacks(self) -> bool:
         """Its output shows call stacks (py-spy's, faulthandler's): those of a process
-        started warm would show the zygote's frames too (course/warmstart.py)."""
+        started warm would show the zygote's frames too (course/launch/warm/)."""
         return self.spy or bool(self.keep and "File" in self.keep)
 
     def before_command(self) -> list[str]:

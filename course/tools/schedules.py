@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from course import REPO_ROOT, __version__, atomic, procs
+from course import REPO_ROOT, __version__, atomic, launch
 
 KIND = "course-schedules"
 SCRIPT = REPO_ROOT / "solutions" / "11_model_parallel" / "pipeline.py"
@@ -40,7 +40,7 @@ def run_once(schedule: str, micro: int, stage_ms: float, steps: int) -> dict:
             "--micro-batches", str(micro), "--batch-size", str(12 * micro),
             "--stage-ms", f"{stage_ms:g}", "--steps", str(steps)]  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
-        result = procs.run(args=[sys.executable, str(SCRIPT), *args], timeout=300,
+        result = launch.run(args=[sys.executable, str(SCRIPT), *args], timeout=300,
                            env={"COURSE_STAGE_TIMELINE": folder})  # fmt: skip
         if not result.ok:
             raise RuntimeError(f"pipeline.py {' '.join(args)}: {result.failure()}")

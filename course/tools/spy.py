@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from course import warmstart
+from course.launch.warm import protocol
 
 FRAME = re.compile(r"^\s+(\S.*) \((.+):(\d+)\)$")
 RANK = re.compile(r"^\s+rank: (\d+)$", re.M)
@@ -139,8 +139,8 @@ def unavailable() -> str | None:
 
 def cold_env() -> dict[str, str]:
     """This environment, for a job whose every process starts cold: py-spy must find the
-    ranks among the job's processes, not in a zygote's children (course/warmstart.py)."""
-    return {k: v for k, v in os.environ.items() if k != warmstart.SOCKET_ENV}
+    ranks among the job's processes, not in a zygote's children (course/launch/warm/)."""
+    return {k: v for k, v in os.environ.items() if k != protocol.SOCKET_ENV}
 
 
 def spy(args) -> int:

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from course import REPO_ROOT, atomic, lessons, procs
+from course import REPO_ROOT, atomic, launch, lessons
 from course.grader import tolerances
 from course.tools import mutants
 from course.tools.tolerance_record import (
@@ -114,7 +114,7 @@ def measure(picked: list[tolerances.Tolerance], impl: Path, limit: int | None,
                            "--no-header", "-p", "no:cacheprovider", "-p", "no:xdist"]  # fmt: skip
                 env = {tolerances.SEED_ENV: str(s), tolerances.LOG_ENV: str(log), "TMPDIR": tmp}
                 with busy_loops(busy):
-                    run = procs.run(command, timeout=DEADLINE_S, cwd=root, env=env)
+                    run = launch.run(command, timeout=DEADLINE_S, cwd=root, env=env)
                 lines = log.read_text().splitlines() if log.is_file() else []
             notes = [json.loads(line) for line in lines]
             for t in members:
@@ -135,7 +135,7 @@ def measure(picked: list[tolerances.Tolerance], impl: Path, limit: int | None,
     return {key: {"seen": seen[key], "failed_seeds": failed[key]} for key in seen}
 
 
-def _last_line(run: procs.RunResult) -> str:
+def _last_line(run: launch.RunResult) -> str:
     """pytest's summary line ("1 failed, 2 passed in 9.1s"), or why there is none."""
     if run.timed_out:
         return f"killed after {run.timeout:.0f} s"
@@ -164,7 +164,7 @@ def measure_mistakes(picked: list[tolerances.Tolerance], root: Path = REPO_ROOT,
                        "--no-header", "-p", "no:cacheprovider", "-p", "no:xdist"]  # fmt: skip
             env = {tolerances.LOG_ENV: str(log), "TMPDIR": tmp}
             with busy_loops(max(t.busy for t in hit)):
-                run = procs.run(command, timeout=DEADLINE_S, cwd=root, env=env)
+                run = launch.run(command, timeout=DEADLINE_S, cwd=root, env=env)
             notes = [json.loads(line) for line in log.read_text().splitlines()] if (
                 log.is_file()) else []  # fmt: skip
         for t in hit:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from course import procs, ranks
+from course import launch, ranks
 from course.grader.calls import Cases, Tensors
 
 cases = Cases()
@@ -98,7 +98,7 @@ def _rank(rank, world, port, lesson_file, out, sizes, backend="gloo") -> None:
 # 2026-12-01). The ranks get 10 s, 30x that: a ring that deadlocks (blocking sends first)
 # fails in 10 s instead of waiting out half the case script's deadline. Stretched, as every
 # deadline, by COURSE_TIMEOUT_SCALE.
-RING_PG_TIMEOUT_S = 10 * procs.timeout_scale()
+RING_PG_TIMEOUT_S = 10 * launch.timeout_scale()
 
 
 def ring(world: int, sizes, backend: str = "gloo") -> Tensors:

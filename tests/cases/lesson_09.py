@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from course import data, memory, models, procs, ranks
+from course import data, launch, memory, models, ranks
 from course.grader import submission
 from course.grader.calls import Cases, Tensors
 from course.grader.draws import draw, shuffled
@@ -34,7 +34,7 @@ DDP_SEED = seed(0)  # the silent DDP step's model; the test module has the same 
 # exercise never waits long in one: every case passed with 1 s (twice, four busy loops
 # on two cores, 2026-12-01). 5 s is five times that, stretched by COURSE_TIMEOUT_SCALE;
 # it is also what a starter that hangs costs its grading (the lesson's 45 s budget).
-PG_TIMEOUT_S = 5 * procs.timeout_scale()
+PG_TIMEOUT_S = 5 * launch.timeout_scale()
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather")
 
 
@@ -180,7 +180,7 @@ def hang_diagnosis(lesson):
 # The collectives before it run after a barrier, so a rank slow to start on a busy machine
 # delays them instead of timing them out; a run whose records show otherwise is run again
 # with PG_TIMEOUT_S (fr_records).
-FR_TIMEOUT_S = 2 * procs.timeout_scale()
+FR_TIMEOUT_S = 2 * launch.timeout_scale()
 
 
 def fr_plants() -> list[tuple[int, int, str, str, str, int]]:

@@ -1,11 +1,11 @@
 """Loaded at start-up by every Python process that has this folder on its PYTHONPATH.
 
-course.procs puts it there for every process it launches (the grader's,
+course.launch puts it there for every process it launches (the grader's,
 `python -m course run`'s, `course bench`'s). When one of the COURSE_*
 variables of course/probes/__init__.py is set, it installs those probes; otherwise it
 does nothing else. Afterwards it runs the sitecustomize this
 one shadows, if the Python installation has one. With COURSE_WARM_SOCKET set, it first
-hands the whole program to the launch's zygote (course/warmstart.py).
+hands the whole program to the launch's zygote (course/launch/warm/).
 """
 
 import importlib.machinery
@@ -13,13 +13,13 @@ import importlib.util
 import os
 import sys
 
-if os.environ.get("COURSE_WARM_SOCKET"):  # a zygote runs this program: course/warmstart.py
+if os.environ.get("COURSE_WARM_SOCKET"):  # a zygote runs this program: course/launch/warm/
     try:
-        from course import warmstart
+        from course.launch.warm import client
     except ImportError:
         pass
     else:
-        warmstart.hand_off()  # returns only when the program is to start here, cold
+        client.hand_off()  # returns only when the program is to start here, cold
 
 try:  # course.probes imports only `os` until a probe is armed
     from course import probes

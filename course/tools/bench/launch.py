@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from course import REPO_ROOT, lessons, procs
+from course import REPO_ROOT, launch, lessons
 from course.probes import step_clock
 from course.tools.bench.catalogue import Row, Settings, images_needed
 
@@ -109,7 +109,7 @@ def measure(
         if row.profile and row.warmup >= 2:  # the last warm-up window, dropped anyway
             first = (row.warmup - 1) * row.window
             env[step_clock.PROFILE_ENV] = f"{first}:{first + row.window}"
-        result = procs.run(args, timeout=timeout, env=env, cwd=folder, one_thread=False)
+        result = launch.run(args, timeout=timeout, env=env, cwd=folder, one_thread=False)
         points = step_clock.read(folder, rank=0)
         window = step_clock.profiled(folder, rank=0)
     rates = windows_of(points, row, global_batch)
