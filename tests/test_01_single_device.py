@@ -107,12 +107,13 @@ def resume_runs(train, cases_folder):
 
 
 @pytest.fixture(scope="module")
-def folder_run(impl, tmp_path_factory):
+def folder_run(impl, tmp_path_factory, launcher):
     """A run on an ImageFolder tree of generated PNGs (train/ and val/)."""
     folder = tmp_path_factory.mktemp("images")
     data.make_image_folder(folder / "tree", classes=3, per_class=24, val_per_class=8, size=16)
     result = run_once(
-        impl, folder, "--device", "cpu", "--data", "tree", "--epochs", "3", "--batch-size", "16",
+        launcher, impl, folder, "--device", "cpu", "--data", "tree", "--epochs", "3",
+        "--batch-size", "16",
         "--num-workers", "0", "--quiet", "--metrics-out", "metrics.json",
         "--checkpoint", "ckpt.pt", "--seed", RUN_SEED,
     )  # fmt: skip

@@ -42,7 +42,7 @@ WRONG_LIMIT = WRONG_TIMEOUT + 25  # the launch must have ended by then (start-up
 _runs: dict = {}
 
 
-def launcher(impl, *args, delay: float = 0.0) -> list[str]:
+def launcher_command(impl, *args, delay: float = 0.0) -> list[str]:
     start = [sys.executable, str(LESSON.path(impl))]
     if delay:  # the same launcher, started `delay` seconds later
         code = (
@@ -68,7 +68,7 @@ def runs(impl, backend, tmp_path_factory, request, launcher):
             gpu = {"CUDA_VISIBLE_DEVICES": str(node)} if backend == "nccl" else {}
             delay = STAGGER if node == 0 else 0.0
             jobs[f"node{node}"] = dict(
-                args=launcher(impl, *args, delay=delay),
+                args=launcher_command(impl, *args, delay=delay),
                 timeout=120,
                 cwd=folders["two"],
                 env=gpu,
@@ -76,7 +76,7 @@ def runs(impl, backend, tmp_path_factory, request, launcher):
             )
         args = ["--nproc-per-node", 2, "--endpoint", f"127.0.0.1:{free_port()}", "--job-id", "one"]
         jobs["one"] = dict(
-            args=launcher(impl, *args, "--", JOB, folders["one"], backend),
+            args=launcher_command(impl, *args, "--", JOB, folders["one"], backend),
             timeout=120,
             cwd=folders["one"],
             log_dir=folders["one"] / "ranks",
@@ -84,13 +84,13 @@ def runs(impl, backend, tmp_path_factory, request, launcher):
         args = ["--nnodes", 2, "--node-rank", 1, "--endpoint", f"127.0.0.1:{free_port()}"]
         args += ["--connect-timeout", WRONG_TIMEOUT, "--", JOB, folders["wrong"], backend]
         jobs["wrong"] = dict(
-            args=launcher(impl, *args),
+            args=launcher_command(impl, *args),
             timeout=WRONG_LIMIT,
             cwd=folders["wrong"],
             env={connect_log.LOG_ENV: str(folders["wrong"] / "connects.jsonl")},
         )
         args = ["--endpoint", f"127.0.0.1:{free_port()}", "--job-id", "fails", "--", FAILS]
-        jobs["fails"] = dict(args=launcher(impl, *args), timeout=60, cwd=folders["fails"])
+        jobs["fails"] = dict(args=launcher_command(impl, *args), timeout=60, cwd=folders["fails"])
         want = needed(request, tuple(jobs))
         # The two nodes are one job: when one fails, the other stops at once instead of
         # waiting for its peer until the deadline. `one` and `wrong` run beside them.

@@ -535,15 +535,15 @@ def launch_rendezvous(impl, backend, tmp_path_factory, request, launcher):
 
 
 @pytest.fixture
-def rendezvous(impl, backend, tmp_path_factory, request):
+def rendezvous(impl, backend, tmp_path_factory, request, launcher):
     """The settings whose behaviour depends on the backend (good, interface)."""
-    return launch_rendezvous(impl, backend, tmp_path_factory, request)
+    return launch_rendezvous(impl, backend, tmp_path_factory, request, launcher)
 
 
 @pytest.fixture
-def rendezvous_store(impl, tmp_path_factory, request):
+def rendezvous_store(impl, tmp_path_factory, request, launcher):
     """The settings that fail before any backend is involved (in the TCPStore), on gloo."""
-    return launch_rendezvous(impl, "gloo", tmp_path_factory, request)
+    return launch_rendezvous(impl, "gloo", tmp_path_factory, request, launcher)
 
 
 def fails_fast_in_one_line(result, setting: str) -> str:

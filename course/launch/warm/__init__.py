@@ -39,6 +39,7 @@ same. The parts, one module each:
 
     protocol   what a client and its zygote say to each other; which launches match
     client     hand_off(), the starting process's half (the sitecustomize calls it)
-    zygote     serve(), the forking interpreter, and the child that becomes the program
+    zygote     serve(), the forking interpreter (python -m course.launch.warm.zygote)
+    child      become(), what the zygote's fork does to turn into the client's program
     pool       the launching process's zygotes, one per environment; drain after a launch
 """
