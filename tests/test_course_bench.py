@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from course import REPO_ROOT, procs
-from course.tools.bench import catalogue, launch, provenance, render
+from course.tools.student.bench import catalogue, launch, provenance, render
 
 RECORDS = sorted(
     path

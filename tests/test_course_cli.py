@@ -225,7 +225,7 @@ def test_version_is_the_installed_packages():
 
 
 def test_a_cpu_with_other_kernels_is_told_once_how_to_get_the_pages_digits():
-    from course.tools.record import PINNED_ENV, capability_note
+    from course.tools.author.record import PINNED_ENV, capability_note
 
     note = capability_note({}, "AVX512")
     assert note and "AVX512" in note and all(f"{k}={v}" in note for k, v in PINNED_ENV.items())

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 from course import REPO_ROOT, atomic, procs, warmstart
-from course.tools.recordings import RECORDINGS, Recording
+from course.tools.author.recording_catalogue import RECORDINGS, Recording
 
 FOLDER = REPO_ROOT / "docs" / "results" / "outputs"
 
