@@ -45,9 +45,15 @@ where a new helper goes:
                      to arrive (for the benchmarks and `course clock`)
     lines            how they append to their logs: one O_APPEND write a line
 
-  course/tools/      the command-line tools: cli (python -m course), bench, clock,
-                     bandwidth, timeline, memory, find_unused, spy, record
-                     (recordings), durations, sizes, release, hints
+  course/tools/      the command-line tools, by who runs them
+    cli              python -m course: VERBS, each verb once (name, who, module, help)
+    verbs            what a verb is; the parser and --help built from the table
+    student/         hints, clock, spy, bandwidth, timeline, sharding_memory
+                     (course memory), find_unused, bench/
+    instructor/      grade_class, autograder, classroom, grading_cost
+    author/          release, sizes, record (runs recording_catalogue), figures,
+                     measure_tolerances (course tolerances) and tolerance_store (its
+                     record), mutants, durations, schedules, zero_stages
 
 The rules are tested (tests/test_course_layout.py): lessons import only the
 top level; the top level imports nothing below it; probes import nothing heavy

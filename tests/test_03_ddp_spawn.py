@@ -429,7 +429,7 @@ def test_two_gpus_train_at_least_1_5x_faster_than_one(impl):
     this test, never a fixed time. A lesson whose ranks each start one
     OpenMP thread per core ran several times slower on two GPUs than on one.
     """
-    from course.tools.bench import catalogue, launch
+    from course.tools.student.bench import catalogue, launch
 
     settings = catalogue.Settings("cuda", 2, "resnet50", 224, 64, "off", False)
     timing = dict(window=5, warmup=2, windows=3)

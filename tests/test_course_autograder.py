@@ -1,4 +1,4 @@
-"""`python -m course autograder`: the Gradescope zip (course/tools/autograder.py).
+"""`python -m course autograder`: the Gradescope zip (course/tools/instructor/autograder.py).
 
 The zip is unpacked into folders shaped like Gradescope's (autograder/source,
 submission, results) and its run_autograder is run, with this machine's Python, on four

@@ -1,11 +1,12 @@
-"""course.tools.bandwidth: python -m course bandwidth, the all_reduce bandwidth table and record."""
+"""course.tools.student.bandwidth: python -m course bandwidth, the all_reduce bandwidth table
+and record."""
 
 from __future__ import annotations
 
 import json
 
 from course import REPO_ROOT, launch
-from course.tools import bandwidth
+from course.tools.student import bandwidth
 
 
 def test_two_gloo_ranks_write_a_record(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 from course import REPO_ROOT
 from course.launch import command as launching
-from course.tools.bench import catalogue, launch, provenance, render
+from course.tools.student.bench import catalogue, launch, provenance, render
 
 RECORDS = sorted(
     path

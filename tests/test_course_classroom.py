@@ -1,4 +1,5 @@
-"""`python -m course classroom`: the GitHub Classroom workflow (course/tools/classroom.py).
+"""`python -m course classroom`: the GitHub Classroom workflow
+(course/tools/instructor/classroom.py).
 
 The workflow for lessons 00 and 03 is parsed and checked step by step, and the grading
 command of lesson 00's step is run as written (with this machine's `python` first on

@@ -225,7 +225,7 @@ def test_version_is_the_installed_packages():
 
 
 def test_a_cpu_with_other_kernels_is_told_once_how_to_get_the_pages_digits():
-    from course.tools.record import PINNED_ENV, capability_note
+    from course.tools.author.record import PINNED_ENV, capability_note
 
     note = capability_note({}, "AVX512")
     assert note and "AVX512" in note and all(f"{k}={v}" in note for k, v in PINNED_ENV.items())
@@ -255,3 +255,76 @@ def test_the_registry_answers_which_tests_grade_each_lesson(tmp_path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_03_mine.py").write_text("")
     assert [p.name for p in lessons.test_files("03", tmp_path)] == ["test_03_mine.py"]
+
+
+def _listed_verbs(help_text: str) -> list[tuple[str, str, str]]:
+    """(heading, verb, help) of each verb line of `python -m course --help`, in order."""
+    from course.tools.verbs import HEADINGS
+
+    listed, heading = [], None
+    for line in help_text.splitlines():
+        if line and not line.startswith(" "):
+            heading = line.rstrip(":") if line.rstrip(":") in HEADINGS.values() else None
+        elif heading and (row := re.match(r"  (\S+)\s+(.+)$", line)):
+            listed.append((heading, row[1], row[2]))
+    return listed
+
+
+def test_the_verb_table_is_the_only_declaration_and_every_entry_dispatches(capsys, monkeypatch):
+    """cli.VERBS declares each verb once: --help lists exactly its entries, the parser knows
+    exactly its names, each entry's module is in its audience's folder and does the work
+    (a verb with its own parser gets the rest of the line, `--` included), and every tool
+    with a main() is some verb's."""
+    import argparse
+    import ast
+    import importlib
+
+    from course.tools.verbs import HEADINGS, parser
+
+    names = [verb.name for verb in cli.VERBS]
+    assert len(set(names)) == len(names), names
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--help"])
+    assert exit_info.value.code == 0
+    listed = _listed_verbs(capsys.readouterr().out)
+    assert listed == [(HEADINGS[v.audience], v.name, v.help) for v in cli.VERBS], listed
+    top = parser(cli.VERBS, "x", "x")
+    (sub,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    assert list(sub.choices) == names
+    for verb in cli.VERBS:
+        assert verb.module == "cli" or verb.module.split(".")[0] == verb.audience, verb
+        module = importlib.import_module(f"course.tools.{verb.module}")
+        if verb.run is not None:  # parsed here: its own --help, then its handler
+            assert callable(verb.run) and verb.run.__module__ == cli.__name__, verb
+            with pytest.raises(SystemExit) as exit_info:
+                cli.main([verb.name, "--help"])
+            assert exit_info.value.code == 0
+            assert f"usage: python -m course {verb.name} " in capsys.readouterr().out
+            continue
+        seen = []
+        monkeypatch.setattr(module, "main", lambda argv, seen=seen: seen.append(argv) or 7)
+        assert cli.main([verb.name, "--x", "--", "y"]) == 7 and seen == [["--x", "--", "y"]]
+    tools = cli.REPO_ROOT / "course" / "tools"
+    with_main = {
+        ".".join(p.relative_to(tools).with_suffix("").parts).removesuffix(".__init__")
+        for p in tools.rglob("*.py")
+        if any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in ast.parse(
+            p.read_text(encoding="utf-8")).body)
+    }  # fmt: skip
+    assert with_main == {v.module for v in cli.VERBS if v.run is None} | {"cli", "author.sizes"}
+
+
+def test_help_lists_students_verbs_then_instructors_then_authors():
+    """`python -m course --help`: a heading per audience, students' first; the verbs a
+    student needs on day one are theirs, grading a class the instructors', making the
+    course's records its authors'."""
+    from course.tools.verbs import AUTHOR, HEADINGS, INSTRUCTOR, STUDENT
+
+    text = subprocess.run([sys.executable, "-m", "course", "--help"], capture_output=True,
+                          text=True, timeout=60, cwd=REPO_ROOT).stdout  # fmt: skip
+    order = [text.index(f"\n{HEADINGS[a]}:\n") for a in (STUDENT, INSTRUCTOR, AUTHOR)]
+    assert order == sorted(order), text
+    audience = {verb: heading for heading, verb, _ in _listed_verbs(text)}
+    assert all(audience[v] == HEADINGS[STUDENT] for v in ("list", "run", "grade", "hint"))
+    assert all(audience[v] == HEADINGS[INSTRUCTOR] for v in ("grade-class", "autograder"))
+    assert all(audience[v] == HEADINGS[AUTHOR] for v in ("release", "record", "figures"))

@@ -1,5 +1,5 @@
 """`python -m course clock`: the step clock's data-wait fraction, on scripts whose waits
-are known (course/tools/clock.py, course/probes/step_clock.py)."""
+are known (course/tools/student/clock.py, course/probes/step_clock.py)."""
 
 from __future__ import annotations
 

@@ -10,17 +10,19 @@ import sys
 import pytest
 
 from course import REPO_ROOT, launch
-from course.tools import figures
+from course.tools.author import figures
 
 
 def parses(verb: str, args: list[str]) -> None:
     """The verb's own parser accepts the arguments the figure would be made with."""
-    from course.tools import bandwidth, bench, grading_cost, schedules, timeline, tolerances
+    from course.tools.author import measure_tolerances, schedules
+    from course.tools.instructor import grading_cost
+    from course.tools.student import bandwidth, bench, timeline
 
     parser = {"bench": bench.parser, "bandwidth": bandwidth.parser, "timeline": timeline.parser}
     parser["schedules"] = schedules.parser
     parser["grading-cost"] = grading_cost.parser
-    parser["tolerances"] = tolerances.parser
+    parser["tolerances"] = measure_tolerances.parser
     try:
         parser[verb]().parse_args(args)
     except SystemExit as exc:
@@ -28,7 +30,7 @@ def parses(verb: str, args: list[str]) -> None:
 
 
 def test_every_record_under_docs_results_is_known_with_a_command_that_parses():
-    from course.tools import record
+    from course.tools.author import record
 
     known = figures.catalog()
     assert {f.record for f in known} == {
@@ -131,9 +133,11 @@ def test_run_makes_what_the_cpu_can_and_says_what_it_skips():
 def test_every_record_writer_names_the_course_version_in_its_provenance():
     """A figure says which version of the course made it (the results page's last column)."""
     import course
-    from course.tools import bandwidth, grading_cost, record, schedules, timeline, tolerances
-    from course.tools.bench.catalogue import Settings
-    from course.tools.bench.provenance import provenance as bench_provenance
+    from course.tools.author import measure_tolerances, record, schedules
+    from course.tools.instructor import grading_cost
+    from course.tools.student import bandwidth, timeline
+    from course.tools.student.bench.catalogue import Settings
+    from course.tools.student.bench.provenance import provenance as bench_provenance
 
     settings = Settings("cpu", 2, "resnet18", 32, 64, "fp32", False)
     made = {
@@ -143,7 +147,7 @@ def test_every_record_writer_names_the_course_version_in_its_provenance():
         "schedules": schedules.provenance([]),
         "record": record.provenance(),
         "grading-cost": grading_cost.provenance([]),
-        "tolerances": tolerances.provenance("python -m course tolerances"),
+        "tolerances": measure_tolerances.provenance("python -m course tolerances"),
     }
     assert set(made) == set(figures.MADE_BY.values())
     wrong = {

@@ -1,4 +1,5 @@
-"""`python -m course grade-class`: a class graded on this machine (course/tools/grade_class.py).
+"""`python -m course grade-class`: a class graded on this machine
+(course/tools/instructor/grade_class.py).
 
 Three students, lesson 00, two at a time: one solved, one unsolved (the starter), one
 hostile (the starter, plus code at the top of its file that forges a perfect score in

@@ -8,7 +8,8 @@ import sys
 
 from course import REPO_ROOT, launch
 from course.grader import rules
-from course.tools import figures, grading_cost
+from course.tools.author import figures
+from course.tools.instructor import grading_cost
 
 
 def test_grading_cost_times_a_lesson_and_keeps_its_grade(tmp_path):

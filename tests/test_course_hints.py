@@ -1,4 +1,4 @@
-"""course.tools.hints and the release's hint files: `python -m course hint NN [K]`."""
+"""course.tools.student.hints and the release's hint files: `python -m course hint NN [K]`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from course import REPO_ROOT, launch, lessons
-from course.tools import hints, release
+from course.tools.author import release
+from course.tools.student import hints
 
 WITH_TODOS = [lesson for lesson in lessons.LESSONS if hints.todos(lesson)]
 

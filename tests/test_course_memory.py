@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from course import launch
-from course.tools import memory
+from course.tools.student import sharding_memory
 
 # Counted against predicted, largest rank, measured (PyTorch 2.14.1, 2 and 3 gloo ranks,
 # dim 64 and 256): 1.00 to 1.03. Whole tensors make ZeRO-1's split uneven (its rank with
@@ -31,7 +31,7 @@ def test_memory_counts_what_the_formula_predicts(tmp_path):
     assert result.returncode == 0, result.describe()
     found = json.loads(out.read_text())
     counted = {}
-    for i, way in enumerate(memory.WAYS):
+    for i, way in enumerate(sharding_memory.WAYS):
         rows = [ranks[i] for ranks in found["ranks"]]
         counted[way] = max(r["params"] + r["grads"] + r["state"] for r in rows)
         predicted = found["predicted"][way]

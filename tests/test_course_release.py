@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from course import REPO_ROOT, lessons
-from course.tools import release
+from course.tools.author import release
 
 SOLUTION = """def area(r):
     # TODO: the area of a circle of radius r.

@@ -1,4 +1,5 @@
-"""course/tools/schedules.py: lesson 11's schedules measured from the reference's own runs."""
+"""course/tools/author/schedules.py: lesson 11's schedules measured from the reference's own
+runs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import pytest
 
 from course import REPO_ROOT
-from course.tools import figures, schedules
+from course.tools.author import figures, schedules
 
 RECORD = REPO_ROOT / "docs" / "results" / "11_model_parallel" / "schedules-cpu.json"
 

@@ -1,4 +1,4 @@
-"""course.tools.sizes: the lessons stay lean (python -m course sizes).
+"""course.tools.author.sizes: the lessons stay lean (python -m course sizes).
 
 The table is printed (pytest -s or -rP shows it); the test fails when a
 solution passes 150 code lines, or changes more than 80 code lines against
@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from course import REPO_ROOT
-from course.tools import sizes
+from course.tools.author import sizes
 
 CODE = '''"""A docstring,
 over two lines."""

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from course import launch
-from course.tools import spy
+from course.tools.student import spy
 
 STUCK = """
 import datetime, torch, torch.distributed as dist, torch.multiprocessing as mp

@@ -6,7 +6,7 @@ import json
 import sys
 
 from course import REPO_ROOT, launch
-from course.tools import timeline
+from course.tools.student import timeline
 
 TRACE = {
     "traceEvents": [

@@ -1,4 +1,4 @@
-"""course/tools/zero_stages.py: lesson 10's figure agrees with the formula `course memory`
+"""course/tools/author/zero_stages.py: lesson 10's figure agrees with the formula `course memory`
 prints and checks, and reads the record the page shows."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from course.tools import memory, zero_stages
-from course.tools.record import load as read
+from course.tools.author import zero_stages
+from course.tools.author.record import load as read
+from course.tools.student import sharding_memory
 
 RECORD = "10_memory"
 
@@ -17,14 +18,14 @@ def test_the_figures_bars_are_the_formula_course_memory_checks():
     params, ranks, counted = zero_stages.from_record(read(RECORD))
     assert params > 0 and ranks >= 2 and {"DDP", "FSDP2"} <= set(counted), counted
     bars = {k: sum(v) for k, v in zero_stages.per_rank(params, ranks, "fp32 AdamW").items()}
-    formula = memory.predict(params, 0, ranks)  # every parameter sharded, as ZeRO-3 shards
+    formula = sharding_memory.predict(params, 0, ranks)  # every parameter sharded, as ZeRO-3 shards
     assert bars["DDP"] == formula["DDP"]
     assert bars["ZeRO-3 (FSDP)"] == formula["FSDP2"]
     assert bars["ZeRO-1"] == pytest.approx(8 * params + 8 * params / ranks)
     mixed = zero_stages.per_rank(params, ranks, "bf16, as ZeRO counts")
     assert sum(mixed["ZeRO-1"]) == pytest.approx(4 * params + 12 * params / ranks)
     one_d = int(re.search(r"\(([\d,]+) in 1-D", read(RECORD)["output"])[1].replace(",", ""))
-    predicted = memory.predict(params, one_d, ranks)
+    predicted = sharding_memory.predict(params, one_d, ranks)
     for name, bytes_ in counted.items():  # the record's own check: within 1 %
         assert abs(bytes_ / predicted[name] - 1) < 0.01, (name, bytes_, predicted[name])
     assert zero_stages.render_html(read(RECORD)).startswith('<img class="course-plot"')

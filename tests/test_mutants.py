@@ -29,9 +29,9 @@ import pytest
 
 from course import REPO_ROOT, launch, lessons
 from course.grader import rules, warm
-from course.tools import mutants, release
+from course.tools.author import mutants, release
+from course.tools.author.mutants import MUTANT_DIR, load
 from course.tools.cli import grade_command
-from course.tools.mutants import MUTANT_DIR, load
 
 
 def cases(kind: str):

@@ -2,7 +2,7 @@
 
 Each record in docs/results/outputs/ (made by `python -m course record`) is run again on
 the CPU (a recording on GPUs, only where as many are visible), and its output compared
-line by line with the record, timings and throughput masked (course/tools/record.py,
+line by line with the record, timings and throughput masked (course/tools/author/record.py,
 VOLATILE). On the processor that made the record, losses may differ in the last printed
 digit (relative 1e-3) and accuracies by one test image (0.3 percentage points of 359).
 Another processor picks other CPU kernels whatever the pins (record.PINNED_ENV): between
@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from course.runtime import visible_gpus
-from course.tools import record, spy
+from course.tools.author import record
+from course.tools.student import spy
 
 NUMBER = re.compile(r"\d[\d,]*\.?\d*%?")
 
@@ -116,7 +117,7 @@ def test_the_record_matches_what_the_reference_prints(fresh, name):
             f"{name}: the page shows\n  {old}\nbut the reference now prints\n  {new}\n"
             f"re-record with `python -m course record {name}`{where}"
         )
-    # The record's facts come from the lines it keeps (course/tools/record.py): so do these.
+    # The record's facts come from the lines it keeps (course/tools/author/record.py): so do these.
     assert record.facts(record.cleaned(result.output, recording.keep)).keys() == doc["facts"].keys()
 
 

@@ -387,7 +387,7 @@ def test_built_pages_load_nothing_from_the_network(site):
 
 def test_bench_records_become_tables_and_a_plot_at_build_time(site):
     """The scaling results are drawn from `course bench` JSON: every row's figure is on the page."""
-    from course.tools.bench import render
+    from course.tools.student.bench import render
 
     records = sorted((DOCS / "results" / "scaling_2xh200").glob("*.json"))
     assert records, "no course bench records in docs/results/scaling_2xh200"
@@ -440,7 +440,7 @@ def test_recorded_outputs_facts_todos_and_hints_expand_at_build_time():
 
 
 def test_bandwidth_figures_quoted_in_prose_come_from_the_records(tmp_path):
-    """[[bandwidth:FOLDER/FILE:NAME]]: a figure course.tools.bandwidth computes from a
+    """[[bandwidth:FOLDER/FILE:NAME]]: a figure course.tools.student.bandwidth computes from a
     record; an unknown name or record is a build error, not a blank."""
     folder = tmp_path / "docs" / "results" / "r"
     folder.mkdir(parents=True)
@@ -458,7 +458,7 @@ def test_bandwidth_figures_quoted_in_prose_come_from_the_records(tmp_path):
 
 def test_bench_figures_quoted_in_prose_come_from_the_records(tmp_path):
     """[[bench:FOLDER/FILE:KEY.FIELD]] is a figure of one row, KEY.F/KEY.F a ratio of two."""
-    from course.tools.bench import launch, render
+    from course.tools.student.bench import launch, render
 
     folder = tmp_path / "docs" / "results" / "r"
     folder.mkdir(parents=True)
@@ -576,7 +576,7 @@ def _solution_only_lines() -> dict[str, list[str]]:
     """Per lesson file, the distinctive lines a student writes: inside ### BEGIN/END
     SOLUTION or a bug's fix, at least 25 characters, and in no starter (a later lesson's
     starter gives an earlier lesson's solution: no secret once the student gets there)."""
-    from course.tools import release
+    from course.tools.author import release
 
     # What a student is given: the starters, and the hints (lessons/*/hints.json, whose
     # last hint is nearly the code: `course hint` shows it on request, and so does the page).

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from course import REPO_ROOT, launch
-from course.tools import durations
+from course.tools.author import durations
 
 # The top-level modules that only the `dev` extras install (with what they pull in).
 DEV_MODULES = (

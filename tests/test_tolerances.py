@@ -22,9 +22,9 @@ import pytest
 
 from course import REPO_ROOT, launch
 from course.grader import tolerances
-from course.tools import mutants
-from course.tools import tolerance_record as rec
-from course.tools import tolerances as tool
+from course.tools.author import measure_tolerances as tool
+from course.tools.author import mutants
+from course.tools.author import tolerance_store as rec
 
 RECORD = REPO_ROOT / rec.RECORD
 

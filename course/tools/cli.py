@@ -1,125 +1,48 @@
-"""The course's command line: python -m course {list,run,grade,doctor,release}.
+"""The course's command line: python -m course VERB ..., its verbs by who runs them.
 
+For students, beside the lessons:
 python -m course list                      # lessons, titles, levels
 python -m course run 00                    # run a lesson (your version in lessons/)
 python -m course run 03 --nproc 2 --backend gloo -- --max-steps 20
 python -m course run 04 --nproc 2 --max-restarts 1 -- --snapshot runs/04/snap.pt
+python -m course run 09 -- hang --diagnose # lesson 09: name the exercise first
 python -m course grade 00 01               # grade your lessons, print the table
 python -m course grade --impl path/to/submission --grade-json results.json
-python -m course bench [--amp bf16 --channels-last]   # time lessons 01-04, 06 side by side
-python -m course run 09 -- hang --diagnose # lesson 09: name the exercise first
 python -m course hint 03 [2]               # hint 2 of your next unsolved TODO in lesson 03
 python -m course hint 10 fsdp [2]          # ... in one script of a lesson with several
 python -m course doctor                    # the reference environment report
-python -m course release [--check]         # regenerate lessons/ from solutions/
-python -m course record [NAME ...]         # re-record the outputs the pages show
-python -m course grading-cost [--out F]    # seconds and CPU seconds of grading each lesson
-python -m course figures [--run]          # every figure the site shows, made again
-python -m course tolerances [NN ...]       # measure the tests' bounds over many seeds
-python -m course durations runs/suite.xml  # the suite's seconds by file and kind (--junitxml)
-python -m course timeline --out t.json     # backward and DDP's all-reduces on one time axis
-python -m course schedules --out s.json    # lesson 11's schedules, measured, and the bubble
+python -m course bench [--amp bf16 --channels-last]   # time lessons 01-04, 06 side by side
 python -m course clock SCRIPT [ARGS]       # a script's steps and its data-wait fraction
 python -m course spy SCRIPT [ARGS]         # the stack of every rank of a stuck job (py-spy)
+python -m course timeline --out t.json     # backward and DDP's all-reduces on one time axis
 python -m course memory [--nproc 2]        # lesson 10's sharding ways: bytes predicted, counted
 python -m course find-unused               # lesson 09: what find_unused_parameters=True costs
+For instructors, grading a class:
+python -m course grading-cost [--out F]    # seconds and CPU seconds of grading each lesson
+For the course's authors:
+python -m course release [--check]         # regenerate lessons/ from solutions/
+python -m course record [NAME ...]         # re-record the outputs the pages show
+python -m course figures [--run]           # every figure the site shows, made again
+python -m course tolerances [NN ...]       # measure the tests' bounds over many seeds
+python -m course durations runs/suite.xml  # the suite's seconds by file and kind (--junitxml)
+python -m course schedules --out s.json    # lesson 11's schedules, measured, and the bubble
 
-Over 300 lines, on purpose: every verb's parser is here, so that `--help` lists them all
-and each verb is found in one place; the work of each lives in its own module.
+Each verb is one entry of VERBS below: its name, who runs it, the module that does its work
+(in course/tools/{student,instructor,author}/, by who runs it) and its line of --help; the
+parser, the dispatch and --help are built from it (course/tools/verbs.py).
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import subprocess
 import sys
+from collections.abc import Callable
 
 import course
 from course import REPO_ROOT, launch, lessons
-from course.tools import release
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        # One line, not a usage dump: the student should see what to fix.
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m course", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"course {course.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    sub.add_parser("list", help="list the lessons")
-
-    run = sub.add_parser("run", help="run a lesson's script the way its page shows")
-    run.add_argument("lesson", help="lesson number, e.g. 03")
-    run.add_argument("--impl", default="lessons", help="lessons (default), solutions or a folder")
-    run.add_argument("--nproc", type=int, help="processes (ranks) for a distributed lesson")
-    run.add_argument("--backend", choices=("gloo", "nccl"), help="for a distributed lesson")
-    run.add_argument(
-        "--max-restarts", type=int, help="torchrun lessons: restarts of a failed group (default 0)"
-    )
-    run.epilog = (
-        "Arguments after `--` are passed to the lesson's script. A lesson of several "
-        "exercises (09) takes the exercise first: python -m course run 09 -- hang --diagnose"
-    )
-
-    grade = sub.add_parser("grade", help="grade lessons and print the points table")
-    grade.add_argument("lessons", nargs="*", help="lesson numbers (default: all)")
-    grade.add_argument("--impl", default="lessons", help="lessons (default), solutions or a folder")
-    grade.add_argument("--grade-json", metavar="PATH", help="write Gradescope-style results here")
-    grade.add_argument("-n", "--workers", type=int, default=0, help="parallel pytest workers")
-    grade.add_argument(
-        "-k", dest="keyword", metavar="EXPRESSION",
-        help="only the tests whose names match (pytest's -k), e.g. one exercise: -k hang",
-    )  # fmt: skip
-
-    # Parsed by course.tools.grade_class itself; listed here for --help.
-    sub.add_parser("grade-class", help="grade a folder of students' folders into a CSV",
-                   add_help=False)  # fmt: skip
-    sub.add_parser("autograder", help="write a Gradescope autograder zip", add_help=False)
-    sub.add_parser("classroom", help="write a GitHub Classroom workflow", add_help=False)
-    hint = sub.add_parser("hint", help="a hint for the next unsolved TODO of a lesson")
-    hint.add_argument("lesson", help="lesson number, e.g. 03")
-    hint.add_argument(
-        "which",
-        nargs="*",
-        metavar="[SCRIPT] [N]",
-        help="one script of the lesson (e.g. fsdp), then which hint (default 1)",
-    )
-    hint.add_argument("--impl", default="lessons", help="lessons (default) or a folder")
-
-    sub.add_parser("doctor", help="print the environment report (lesson 00's reference)")
-    # Parsed by course.tools.bench itself (python -m course bench --help); listed here for --help.
-    sub.add_parser("bench", help="time the lessons' own training side by side", add_help=False)
-    sub.add_parser("record", help="record the reference outputs the site shows", add_help=False)
-    sub.add_parser("bandwidth", help="all_reduce bandwidth by message size", add_help=False)
-    sub.add_parser("timeline", help="one DDP step's backward and all-reduces", add_help=False)
-    sub.add_parser("schedules", help="lesson 11: GPipe and 1F1B measured, and the bubble",
-                   add_help=False)  # fmt: skip
-    sub.add_parser("clock", help="a script's steps and data-wait fraction", add_help=False)
-    sub.add_parser("spy", help="where each rank of a stuck job waits (py-spy)", add_help=False)
-    sub.add_parser("memory", help="lesson 10: bytes per rank, predicted and counted",
-                   add_help=False)  # fmt: skip
-    sub.add_parser("find-unused", help="lesson 09: what find_unused_parameters=True costs",
-                   add_help=False)  # fmt: skip
-    sub.add_parser(
-        "durations", help="the test suite's seconds by file and kind, from a JUnit file",
-        add_help=False,
-    )  # fmt: skip
-    sub.add_parser("grading-cost", help="seconds and CPU seconds of grading each lesson",
-                   add_help=False)  # fmt: skip
-    sub.add_parser("tolerances", help="measure the lesson tests' bounds over many seeds",
-                   add_help=False)  # fmt: skip
-    sub.add_parser("figures", help="every figure the site shows, and the command that makes it",
-                   add_help=False)  # fmt: skip
-    sizes = sub.add_parser("sizes", help="code lines of each solution and lines changed per lesson")
-    sizes.add_argument("--impl", default="solutions", help="solutions (default) or a folder")
-
-    rel = sub.add_parser("release", help="regenerate the starters in lessons/ from solutions/")
-    rel.add_argument("--check", action="store_true", help="only report stale starters")
-    return parser
+from course.tools.author import release
+from course.tools.verbs import AUTHOR, INSTRUCTOR, STUDENT, Verb, arg, parser
 
 
 def lesson_command(
@@ -161,7 +84,7 @@ def _run(args) -> int:
         ranks.backend_and_world_size("nccl", args.nproc)
     print("$", " ".join(command), flush=True)
     if args.backend != "nccl":
-        from course.tools.record import say_capability
+        from course.tools.author.record import say_capability
 
         say_capability()
     # The student's own thread settings: each lesson shares the CPU itself.
@@ -211,7 +134,7 @@ def _list(_args) -> int:
 
 
 def _hint(args) -> int:
-    from course.tools import hints
+    from course.tools.student import hints
 
     script, number = hints.parse_which(args.which)
     impl = lessons.resolve_impl(args.impl)
@@ -243,72 +166,117 @@ def _release(args) -> int:
 
 
 def _sizes(args) -> int:
-    from course.tools import sizes
+    from course.tools.author import sizes
 
     return sizes.main(["--impl", args.impl])
 
 
 def _bad_input() -> tuple[type[Exception], ...]:
     """The errors that become a one-line message; the others are bugs, and keep their
-    traceback. Looked up when caught: a reloaded registry has a new UnknownLesson."""
+    traceback. Looked up per command: a reloaded registry has a new UnknownLesson."""
     return (lessons.UnknownLesson, FileNotFoundError, ValueError, release.ReleaseError)
 
 
-# The verbs whose tools parse their own arguments: (module in course/tools, the errors
-# that become a one-line message).
-TOOLS = {
-    "record": ("record", (ValueError, RuntimeError)),
-    "bandwidth": ("bandwidth", ValueError),
-    "timeline": ("timeline", ValueError),
-    "schedules": ("schedules", (ValueError, RuntimeError)),
-    "clock": ("clock", FileNotFoundError),
-    "memory": ("memory", (FileNotFoundError, ValueError)),
-    "find-unused": ("find_unused", ()),
-    "spy": ("spy", FileNotFoundError),
-    "autograder": ("autograder", ()),
-    "classroom": ("classroom", ()),
-    "grade-class": ("grade_class", ()),
-    "grading-cost": ("grading_cost", None),
-    "figures": ("figures", ValueError),  # figures.UnknownFigure is one
-    "tolerances": ("tolerances", ValueError),
-    "durations": ("durations", ()),
-    "bench": ("bench", None),  # None: _bad_input()
-}
+LESSON = arg("lesson", help="lesson number, e.g. 03")
+IMPL = arg("--impl", default="lessons", help="lessons (default), solutions or a folder")
+
+# Every verb of python -m course, once: --help lists them in this order, by audience.
+VERBS = (
+    Verb("list", STUDENT, "cli", "list the lessons", run=_list),
+    Verb("run", STUDENT, "cli", "run a lesson's script the way its page shows", run=_run,
+         arguments=(
+             LESSON, IMPL,
+             arg("--nproc", type=int, help="processes (ranks) for a distributed lesson"),
+             arg("--backend", choices=("gloo", "nccl"), help="for a distributed lesson"),
+             arg("--max-restarts", type=int,
+                 help="torchrun lessons: restarts of a failed group (default 0)"),
+         ),
+         epilog="Arguments after `--` are passed to the lesson's script. A lesson of several "
+         "exercises (09) takes the exercise first: python -m course run 09 -- hang --diagnose"),
+    Verb("grade", STUDENT, "cli", "grade lessons and print the points table", run=_grade,
+         arguments=(
+             arg("lessons", nargs="*", help="lesson numbers (default: all)"), IMPL,
+             arg("--grade-json", metavar="PATH", help="write Gradescope-style results here"),
+             arg("-n", "--workers", type=int, default=0, help="parallel pytest workers"),
+             arg("-k", dest="keyword", metavar="EXPRESSION",
+                 help="only the tests whose names match (pytest's -k), e.g. one exercise: -k hang"),
+         )),
+    Verb("hint", STUDENT, "student.hints", "a hint for the next unsolved TODO of a lesson",
+         run=_hint, arguments=(
+             LESSON,
+             arg("which", nargs="*", metavar="[SCRIPT] [N]",
+                 help="one script of the lesson (e.g. fsdp), then which hint (default 1)"),
+             arg("--impl", default="lessons", help="lessons (default) or a folder"),
+         )),
+    Verb("doctor", STUDENT, "cli", "print the environment report (lesson 00's reference)",
+         run=_doctor),
+    Verb("bench", STUDENT, "student.bench", "time the lessons' own training side by side"),
+    Verb("clock", STUDENT, "student.clock", "a script's steps and data-wait fraction",
+         errors=FileNotFoundError),
+    Verb("spy", STUDENT, "student.spy", "where each rank of a stuck job waits (py-spy)",
+         errors=FileNotFoundError),
+    Verb("bandwidth", STUDENT, "student.bandwidth", "all_reduce bandwidth by message size",
+         errors=ValueError),
+    Verb("timeline", STUDENT, "student.timeline", "one DDP step's backward and all-reduces",
+         errors=ValueError),
+    Verb("memory", STUDENT, "student.sharding_memory",
+         "lesson 10: bytes per rank, predicted and counted",
+         errors=(FileNotFoundError, ValueError)),
+    Verb("find-unused", STUDENT, "student.find_unused",
+         "lesson 09: what find_unused_parameters=True costs", errors=()),
+    Verb("grade-class", INSTRUCTOR, "instructor.grade_class",
+         "grade a folder of students' folders into a CSV", errors=()),
+    Verb("autograder", INSTRUCTOR, "instructor.autograder", "write a Gradescope autograder zip",
+         errors=()),
+    Verb("classroom", INSTRUCTOR, "instructor.classroom", "write a GitHub Classroom workflow",
+         errors=()),
+    Verb("grading-cost", INSTRUCTOR, "instructor.grading_cost",
+         "seconds and CPU seconds of grading each lesson"),
+    Verb("release", AUTHOR, "author.release", "regenerate the starters in lessons/ from solutions/",
+         run=_release, arguments=(
+             arg("--check", action="store_true", help="only report stale starters"),
+         )),
+    Verb("sizes", AUTHOR, "author.sizes",
+         "code lines of each solution and lines changed per lesson", run=_sizes, arguments=(
+             arg("--impl", default="solutions", help="solutions (default) or a folder"),
+         )),
+    Verb("record", AUTHOR, "author.record", "record the reference outputs the site shows",
+         errors=(ValueError, RuntimeError)),
+    Verb("figures", AUTHOR, "author.figures",
+         "every figure the site shows, and the command that makes it",
+         errors=ValueError),  # figures.UnknownFigure is one
+    Verb("tolerances", AUTHOR, "author.measure_tolerances",
+         "measure the lesson tests' bounds over many seeds", errors=ValueError),
+    Verb("durations", AUTHOR, "author.durations",
+         "the test suite's seconds by file and kind, from a JUnit file", errors=()),
+    Verb("schedules", AUTHOR, "author.schedules",
+         "lesson 11: GPipe and 1F1B measured, and the bubble", errors=(ValueError, RuntimeError)),
+)  # fmt: skip
+BY_NAME = {verb.name: verb for verb in VERBS}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] and argv[0] in TOOLS:  # a tool with its own parser: it gets the rest
-        import importlib
-
-        module, errors = TOOLS[argv[0]]
-        tool = importlib.import_module(f"course.tools.{module}")
-        caught = _bad_input() if errors is None else errors
-        try:
-            return tool.main(argv[1:])
-        except caught as err:
-            print(f"python -m course {argv[0]}: error: {err}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            return 130
+    verb = BY_NAME.get(argv[0]) if argv else None
+    if verb and verb.run is None:  # a tool with its own parser: it gets the rest
+        tool = importlib.import_module(f"course.tools.{verb.module}")
+        return _one_line_errors(verb, tool.main, argv[1:])
     # Everything after `--` belongs to the lesson script, not to us.
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
-    args = _parser().parse_args(argv)
+    args = parser(VERBS, __doc__.splitlines()[0], f"course {course.__version__}").parse_args(argv)
     args.extra = extra
-    handler = {
-        "list": _list,
-        "run": _run,
-        "grade": _grade,
-        "hint": _hint,
-        "doctor": _doctor,
-        "release": _release,
-        "sizes": _sizes,
-    }
+    verb = BY_NAME[args.command]
+    return _one_line_errors(verb, verb.run, args)
+
+
+def _one_line_errors(verb: Verb, work: Callable, argument) -> int:
+    """work(argument), its expected errors (verb.errors, else _bad_input()) in one line."""
+    caught = _bad_input() if verb.errors is None else verb.errors
     try:
-        return handler[args.command](args)
-    except _bad_input() as err:
-        print(f"python -m course {args.command}: error: {err}", file=sys.stderr)
+        return work(argument)
+    except caught as err:
+        print(f"python -m course {verb.name}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

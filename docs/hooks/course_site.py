@@ -20,7 +20,7 @@ and it is left alone inside a fenced code block:
     A ``python -m course bandwidth`` record; LIMIT (GB/s per direction, a link's
     rated speed that the page sources) adds the bus bandwidth's share of it. Inline,
     ``[[bandwidth:FOLDER/FILE:NAME]]`` quotes smallest_time or latency_bound
-    (``course.tools.bandwidth.figures``).
+    (``course.tools.student.bandwidth.figures``).
 ``<!-- bench-table: docs/results/FOLDER/FILE.json -->``
     A ``python -m course bench`` record: its table, provenance and commands.
 ``<!-- hints: NN -->``

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
-from course.tools import figures, hints, record
+from course.tools.author import figures, record
+from course.tools.student import hints
 
 # The repository: docs/hooks/directives/ is three folders down.
 ROOT = Path(__file__).resolve().parents[3]
@@ -58,7 +59,7 @@ def known_figure(path: Path, root: Path = ROOT) -> None:
 
 
 def read_record(name: str) -> dict:
-    """A `python -m course record` record, read by course.tools.record itself."""
+    """A `python -m course record` record, read by course.tools.author.record itself."""
     load_lessons()  # puts the repository on sys.path
     known_figure(ROOT / "docs" / "results" / "outputs" / f"{name}.json")
     try:
@@ -68,7 +69,8 @@ def read_record(name: str) -> dict:
 
 
 def lesson_todos(where: str, number: str) -> list[dict]:
-    """Lesson NN's TODOs and hints, as `python -m course hint` reads them (course.tools.hints)."""
+    """Lesson NN's TODOs and hints, as `python -m course hint` reads them
+    (course.tools.student.hints)."""
     lessons = {lesson.number: lesson for lesson in load_lessons()}
     if number not in lessons:
         raise PluginError(f"{where}: lesson {number!r} is not in course.lessons.LESSONS")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
-from course.tools import schedules, zero_stages
+from course.tools.author import schedules, zero_stages
 from directives.common import ROOT, known_figure, read_record
 
 

@@ -12,8 +12,10 @@ from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
-from course.tools import bandwidth, figures, grading_cost, sizes
-from course.tools.bench import render
+from course.tools.author import figures, sizes
+from course.tools.instructor import grading_cost
+from course.tools.student import bandwidth
+from course.tools.student.bench import render
 from directives.common import ROOT, known_figure, lesson_todos, read_record
 from directives.tolerances import render_tolerance_figure
 
@@ -157,7 +159,7 @@ def render_bench_figure(record: str, spec: str, root: Path = ROOT) -> str:
 
 def render_bandwidth_figure(record: str, name: str, root: Path = ROOT) -> str:
     """[[bandwidth:FOLDER/FILE:NAME]]: a figure of a `course bandwidth` record under
-    docs/results (course.tools.bandwidth.figures: smallest_time, latency_bound)."""
+    docs/results (course.tools.student.bandwidth.figures: smallest_time, latency_bound)."""
     path = root / "docs" / "results" / f"{record}.json"
     try:
         doc = json.loads(path.read_text())
@@ -272,7 +274,7 @@ def render_sizes(root: Path = ROOT) -> str:
 def render_timeline(path: str, root: Path = ROOT) -> str:
     """A `python -m course timeline` record: its figure, the overlap it measured, and where
     it ran; the record itself is a Chrome trace, linked for Perfetto."""
-    from course.tools import timeline
+    from course.tools.student import timeline
 
     known_figure(root / path, root)
     try:

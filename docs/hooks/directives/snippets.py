@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
-from course.tools import sizes
+from course.tools.author import sizes
 from directives.common import ROOT
 from directives.solutions import fold_diff, included
 

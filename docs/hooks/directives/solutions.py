@@ -3,7 +3,7 @@
 A snippet line that includes a solution (``--8<-- "solutions/PATH[:SECTION]"``) is
 expanded here, before pymdownx.snippets sees the page, into the code alone: no
 ``### BEGIN/END SOLUTION`` lines, no ``# TODO:`` goal, no hints, no section markers
-(course.tools.release.solution_view). The Starter tabs keep their snippets, and
+(course.tools.author.release.solution_view). The Starter tabs keep their snippets, and
 with them the TODOs a student works from.
 
 ``COURSE_SITE_SOLUTIONS=0 mkdocs build`` is the instructor build (instructor_view): it
@@ -23,7 +23,7 @@ import re
 
 from mkdocs.exceptions import PluginError
 
-from course.tools.release import ReleaseError, solution_view
+from course.tools.author.release import ReleaseError, solution_view
 from directives.common import ROOT
 
 SOLUTION_SNIPPET = re.compile(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
-from course.tools.tolerance_record import outside_by
+from course.tools.author.tolerance_store import outside_by
 from directives.common import ROOT, known_figure
 
 RECORD = Path("docs") / "results" / "tolerances" / "cpu.json"

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from course import REPO_ROOT, lessons
-from course.tools.release import BEGIN, BUG, END, END_BUG, FIX, HINT, HINT_MORE
+from course.tools.author.release import BEGIN, BUG, END, END_BUG, FIX, HINT, HINT_MORE
 
 MAX_CODE_LINES = 150
 MAX_CHANGED = 80

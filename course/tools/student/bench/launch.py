@@ -11,7 +11,7 @@ from pathlib import Path
 
 from course import REPO_ROOT, launch, lessons
 from course.probes import step_clock
-from course.tools.bench.catalogue import Row, Settings, images_needed
+from course.tools.student.bench.catalogue import Row, Settings, images_needed
 
 
 def command(row: Row, impl: Path, settings: Settings, files: str | Path | None = None) -> list[str]:

@@ -1,5 +1,5 @@
 """The benchmark's catalogue: each lesson's rows, declared once (the table of
-course/tools/bench/__init__.py says what each row runs)."""
+course/tools/student/bench/__init__.py says what each row runs)."""
 
 from __future__ import annotations
 

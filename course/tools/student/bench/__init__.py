@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 from course import atomic, lessons
-from course.tools.bench import catalogue, launch, provenance, render
+from course.tools.student.bench import catalogue, launch, provenance, render
 
 
 def parser(prog: str = "python -m course bench") -> argparse.ArgumentParser:

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from course import REPO_ROOT, atomic, launch, lessons
 from course.grader import tolerances
-from course.tools import mutants
-from course.tools.tolerance_record import (
+from course.tools.author import mutants
+from course.tools.author.tolerance_store import (
     RECORD,
     entry,
     extremes,

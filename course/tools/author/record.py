@@ -23,7 +23,7 @@ from pathlib import Path
 
 from course import REPO_ROOT, atomic, launch
 from course.launch.warm import protocol
-from course.tools.recordings import RECORDINGS, Recording
+from course.tools.author.recording_catalogue import RECORDINGS, Recording
 
 FOLDER = REPO_ROOT / "docs" / "results" / "outputs"
 

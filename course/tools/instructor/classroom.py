@@ -84,7 +84,7 @@ def cpu_points(numbers: list[str]) -> dict[str, float]:
         out = Path(folder) / "points.json"
         files = [str(f) for n in numbers for f in lessons.test_files(n)]
         command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
-        command += ["-p", "no:xdist", "-p", "course.tools.classroom", *files]
+        command += ["-p", "no:xdist", "-p", "course.tools.instructor.classroom", *files]
         run = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
                              env={**launch.child_env(), POINTS_FILE_ENV: str(out)})  # fmt: skip
         if run.returncode != 0 or not out.exists():

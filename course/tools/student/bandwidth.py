@@ -97,7 +97,7 @@ def measure(backend: str, world: int, sizes: list[int], warmup: int, iters: int)
 def provenance(argv: list[str], backend: str, world: int) -> dict:
     import torch
 
-    from course.tools.bench import provenance as bench_provenance
+    from course.tools.student.bench import provenance as bench_provenance
 
     info = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

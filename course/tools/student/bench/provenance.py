@@ -11,7 +11,7 @@ import subprocess
 from datetime import datetime, timezone
 
 from course import __version__
-from course.tools.bench.catalogue import Settings
+from course.tools.student.bench.catalogue import Settings
 
 
 def _run(args: list[str]) -> str:

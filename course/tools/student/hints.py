@@ -20,7 +20,7 @@ import textwrap
 from pathlib import Path
 
 from course import REPO_ROOT, lessons
-from course.tools.release import HINTS_FILE
+from course.tools.author.release import HINTS_FILE
 
 RAISED = re.compile(r'raise NotImplementedError\("(TODO at [^"]+?) is not done yet"\)')
 

@@ -1,7 +1,7 @@
 """What `python -m course record` records: each page's output blocks, as commands.
 
 A Recording names a script (the reference, or a broken starter of lesson 09), its
-arguments and environment, and what the page says it shows; course/tools/record.py runs
+arguments and environment, and what the page says it shows; course/tools/author/record.py runs
 them and keeps their outputs, and tests/test_recorded_outputs.py runs them again.
 
 Over 300 lines, on purpose: one list of every output block the site shows, each a few

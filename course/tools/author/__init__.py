@@ -1,0 +1,1 @@
+"""The tools the course's authors run: starters, records, figures, bounds and measurements."""

@@ -1,0 +1,1 @@
+"""The tools a student runs beside the lessons: hints, clocks, profilers and benchmarks."""
