@@ -1,4 +1,4 @@
-"""Call a submission's functions in a child process; only plain data comes back.
+"""Cases: a lesson's functions called in a child process; only plain data comes back.
 
 The grading process never imports a submission: imported there, it could
 rewrite pytest's reports, the comparisons or the grade. Function-level tests
@@ -12,6 +12,12 @@ every comparison itself.
 One child per lesson runs every case (importing torch once), so the cost is a
 few seconds per lesson, not per test.
 
+The machinery has one name, cases, and three modules:
+  cases        (this one) the protocol and the child's side: what a case script uses
+  case_ranks   the ranks a case starts (Cases.spawn), and why one of them failed
+  case_runs    the grader's side: the child started, its CaseResults read, and the
+               LessonCases a test reads
+
 Child side (a case script):
 
     cases = Cases()                      # argv: LESSON_FILE OUT_DIR
@@ -22,19 +28,15 @@ Child side (a case script):
 
     cases.run(requires=("pick_backend",))
 
-Parent side (a test module):
+Grader side (a test module, course/grader/case_runs.py):
 
-    outcome = run_cases(CASES / "lesson_00.py", lesson_path, tmp_path)
-    assert outcome.value("pick_backend_no_gpu") == "gloo"
-
-Over 300 lines, on purpose: both halves of one protocol, the parent that starts a
-case and reads its files and the child that runs it, so that they cannot drift.
+    cases = run_lesson_cases(impl, LESSON, CASES, tmp_path)   # CASES: tests/cases/lesson_00.py
+    assert cases("pick_backend_no_gpu") == "gloo"
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import json
 import os
@@ -45,12 +47,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course.grader import case_ranks
+
 RESULTS = "cases.json"
 TENSORS = "tensors.pt"
 ONLY_ENV = "COURSE_CASES"  # comma-separated: run only these cases (the tests selected need)
-
-
-# --- the child ----------------------------------------------------------------------
 
 
 @dataclass
@@ -128,175 +129,6 @@ def _error(err: BaseException, lesson_file: Path) -> dict:
     return {"type": type(err).__name__, "message": str(err), "where": where}
 
 
-def _noting_errors(rank: int, target: Callable, errors: str, *args) -> None:
-    """A rank of Cases.spawn: target(rank, *args), its exception also written to a file,
-    and its stderr (C++ included: gloo's abort messages) to errors/rank<R>.err."""
-    stderr = os.open(Path(errors, f"rank{rank}.err"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(stderr, 2)
-    try:
-        target(rank, *args)
-    except BaseException as err:
-        Path(errors, f"rank{rank}.txt").write_text(f"{type(err).__name__}: {err}"[:2000])
-        raise
-
-
-def _rank_process(rank: int, target: Callable, errors: str, *args) -> None:
-    """The entry point of a rank process of Cases.spawn (never called in a test's own
-    process, whose later calls of destroy_process_group must not end it)."""
-    _renew_thread_pool()
-    _leave_once_destroyed()
-    _noting_errors(rank, target, errors, *args)
-
-
-def _renew_thread_pool() -> None:
-    """Replace the intra-op thread pool a fork inherits, now, while this rank has one thread.
-    torch rebuilds it at its first use after a fork; left to then, the first backward's
-    autograd worker threads each set the thread count as they start, and one may find the
-    pool gone while another rebuilds it: "pool INTERNAL ASSERT FAILED ... Invalid thread
-    pool!" and SIGABRT (lesson 10's FSDP2 case, graded alone with `-k`, 3 times in 4 on
-    torch 2.14.1)."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(torch.get_num_threads())
-
-
-def _leave_once_destroyed() -> None:
-    """Make this rank leave as soon as its work is done: when the case's rank function
-    destroys the default group with no exception in flight (its last statement, in a
-    `finally`), flush the output and exit 0, as multiprocessing would next, without
-    freeing the function's objects. Freeing DDP frees gloo's process group, whose destructor
-    joins gloo's worker threads while holding the GIL; on PyTorch 2.8 under load a rank hung
-    there after its work was done (lesson 04's and lesson 08's gradings, about one in seven
-    beside a busy loop: one rank gone, the other stopped in this frame's call of the rank
-    function, until the case's deadline). A group destroyed while an exception propagates
-    is left to the exception: the rank fails as before."""
-    import torch.distributed as dist
-
-    original = dist.destroy_process_group
-
-    def destroy_then_leave(group=None):
-        original(group)
-        if group is None and sys.exc_info()[0] is None:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
-
-    dist.destroy_process_group = destroy_then_leave
-
-
-# What a rank that aborts in C++ leaves on stderr: std::terminate's "what():" line,
-# gloo's "[enforce fail at ...]".
-_NATIVE = re.compile(r"(terminate called|what\(\)|enforce fail|\bError\b)")
-_STACK_LINES = ("frame #", "Exception raised from")
-# gloo's check that a received message fits its buffer (transport/tcp/pair.cc).
-_SIZE_MISMATCH = ("op.preamble.length <= op.nbytes", "op.nbytes")
-
-
-def _native_error(err: BaseException, errors: Path) -> str | None:
-    """For a rank that died of a signal (SIGABRT): the line it printed as it aborted, and the
-    cause when that line names one; None when no such line was written."""
-    found = re.search(r"process (\d+) terminated with signal (\w+)", str(err))
-    if not found:
-        return None
-    rank, signal_name = found.groups()
-    path = Path(errors, f"rank{rank}.err")
-    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
-    # A C++ exception's message comes before its stack ("frame #0: c10::Error::Error(...)"),
-    # whose frames name Error too: they are not what the rank said.
-    said = [line.strip() for line in lines
-            if _NATIVE.search(line) and not line.lstrip().startswith(_STACK_LINES)]  # fmt: skip
-    if not said:
-        return None
-    text = f"rank {rank} died of {signal_name}; its last error line: {said[-1][:300]}"
-    if any(sign in said[-1] for sign in _SIZE_MISMATCH):
-        text += (
-            ". gloo received a message larger than the buffer posted for it: a send and its "
-            "receive have different sizes (a chunk of the wrong length or index, or a message "
-            "from a rank that was not expected to send one)"
-        )
-    return text
-
-
-def _timeout_among(err: BaseException, errors: Path) -> str | None:
-    """None if no rank timed out; "" if `err` (the rank mp.spawn reports) says it did;
-    else the line of a rank whose own error, written by _noting_errors, says so."""
-    if "timed out" in str(err).lower():
-        return ""
-    for path in sorted(Path(errors).glob("rank*.txt")):
-        text = path.read_text().strip()
-        if "timed out" in text.lower():
-            return f"rank {path.stem.removeprefix('rank')}: {text}"
-    return None
-
-
-def _cause(codes: list[int | None]) -> int | None:
-    """The rank to report among those that ended badly (exit codes, None: still running):
-    one killed by a signal first. gloo aborts a rank (SIGABRT) that receives a message too
-    large for its buffer, and its peer then raises "Connection reset by peer": under load
-    both have ended by the next look (every 20 ms), and the peer, the lower rank, would be
-    reported with the symptom instead of the cause (seen in a CI run, 2026-12-04)."""
-    failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
-    return min(failed, key=lambda i: (codes[i] >= 0, i)) if failed else None
-
-
-def _start_and_wait(args: tuple, world: int, method: str) -> None:
-    """torch.multiprocessing.start_processes(_rank_process, args, world), waited for by the
-    ranks' exit codes, and raising as its join() does when a rank fails.
-
-    Its join() waits on each rank's sentinel, a pipe that every process the rank forks
-    inherits: a submission that forks a process of its own at import (a daemon that
-    outlives the rank) would hold the join until that process exits. An exit code is
-    the rank's own, whatever it forked."""
-    import pickle
-    import signal
-    import time
-
-    import torch.multiprocessing as mp
-    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
-
-    context = mp.start_processes(
-        _rank_process, args=args, nprocs=world, start_method=method, join=False
-    )
-    processes = context.processes
-    while True:
-        codes = [p.exitcode for p in processes]  # waitpid(WNOHANG)
-        failed = _cause(codes)
-        if failed is not None or None not in codes:
-            break
-        time.sleep(0.02)
-    if failed is None:
-        return
-    for p in processes:  # as join() does: SIGTERM, then SIGKILL after 30 s
-        if p.exitcode is None:
-            p.terminate()
-    deadline = time.monotonic() + 30
-    while any(p.exitcode is None for p in processes) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    for p in processes:
-        if p.exitcode is None:
-            p.kill()
-            p.join()
-    code, pid, path = codes[failed], processes[failed].pid, context.error_files[failed]
-    if not os.access(path, os.R_OK) or os.path.getsize(path) == 0:
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"<Unknown signal {-code}>"
-            raise ProcessExitedException(
-                f"process {failed:d} terminated with signal {name}",
-                error_index=failed, error_pid=pid, exit_code=code, signal_name=name,
-            )  # fmt: skip
-        raise ProcessExitedException(
-            f"process {failed:d} terminated with exit code {code:d}",
-            error_index=failed, error_pid=pid, exit_code=code,
-        )  # fmt: skip
-    with open(path, "rb") as fh:
-        trace = pickle.load(fh)
-    message = f"\n\n-- Process {failed:d} terminated with the following error:\n{trace}"
-    raise ProcessRaisedException(message, failed, pid)
-
-
 class Cases:
     def __init__(self, argv: list[str] | None = None):
         argv = sys.argv[1:] if argv is None else argv
@@ -336,11 +168,11 @@ class Cases:
             import torch._dynamo  # noqa: F401 - inherited by the forked ranks
         try:
             args = (target, str(errors), world, ranks.free_port(), *args)
-            _start_and_wait(args, world, "spawn" if cuda else "fork")
+            case_ranks.start_and_wait(args, world, "spawn" if cuda else "fork")
         except Exception as err:
-            timed_out = _timeout_among(err, errors)
+            timed_out = case_ranks.timeout_among(err, errors)
             if timed_out is None:
-                native = _native_error(err, errors)
+                native = case_ranks.native_error(err, errors)
                 if native is not None:
                     raise RuntimeError(native) from None
                 raise
@@ -386,117 +218,3 @@ class Cases:
 
             torch.save(tensors, self.out / TENSORS)
         (self.out / RESULTS).write_text(json.dumps(results, default=repr))
-
-
-# --- the parent ---------------------------------------------------------------------
-
-
-class CaseFailed(AssertionError):
-    pass
-
-
-@dataclass
-class Outcome:
-    """What the child sent back; `value` fails the calling test with one clear line."""
-
-    run: object  # procs.RunResult
-    data: dict | None
-    tensor_file: Path
-    _tensors: dict | None = field(default=None, repr=False)
-
-    def value(self, name: str):
-        if self.data is None:
-            raise CaseFailed(
-                "the grader's child process running this lesson's functions sent nothing back\n"
-                + self.run.failure()
-            )
-        if "load_error" in self.data:
-            raise CaseFailed(self.data["load_error"])
-        case = self.data["cases"].get(name)
-        if case is None:
-            raise CaseFailed(f"case {name} did not run (the child stopped before it)")
-        if "error" in case:
-            err = case["error"]
-            where = f" at {err['where']}" if err["where"] else ""
-            raise CaseFailed(f"{err['type']}{where}: {err['message']}")
-        return case["value"]
-
-    def tensors(self, name: str) -> dict:
-        """The tensors case `name` returned, read weights-only (no code can run)."""
-        import torch
-
-        keys = self.value(name)["tensors"]
-        if self._tensors is None:  # one file for all cases: read it once
-            self._tensors = torch.load(self.tensor_file, weights_only=True, map_location="cpu")
-        return {key: self._tensors[f"{name}/{key}"] for key in keys}
-
-
-def _fork_cases() -> bool:
-    """Whether a case script may run in a fork of this process. Not where CUDA devices are
-    visible: CUDA cannot be used in a fork of a process that has initialised it, and once
-    this process has run a backward pass, autograd's device threads make backward fail in
-    every fork ("Unable to handle autograd's threading in combination with fork-based
-    multiprocessing", measured on an H200 with torch 2.11). There, a new interpreter."""
-    from course import procs
-
-    if not procs.can_fork():
-        return False
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.cuda.device_count() == 0
-
-
-def _case_child(script: Path, lesson_file: Path, out: Path, env: dict | None) -> int:
-    """In a fork of the grader (procs.forked): the case script as `python script lesson out`
-    would run it, with the environment procs gives every child."""
-    import logging
-    import runpy
-    import warnings
-
-    from course import procs
-
-    # What pytest installed in this process is not the script's: its log handlers and
-    # warning hook write to descriptors the fork closed, where the ranks' sockets and
-    # files now are. Measured: a gloo rank of lesson 09's case script died of SIGBUS in
-    # every run with them (torch 2.8, and 2.14 in an xdist worker), never without.
-    for logger in [logging.root, *logging.root.manager.loggerDict.values()]:
-        if isinstance(logger, logging.Logger):
-            logger.handlers.clear()
-    logging.root.setLevel(logging.WARNING)
-    warnings.resetwarnings()
-    warnings.showwarning = warnings._showwarning_orig
-    environment = procs.child_env(env)
-    os.environ.clear()
-    os.environ.update(environment)
-    if "torch" in sys.modules:  # OMP_NUM_THREADS is read once, at import: say it again
-        sys.modules["torch"].set_num_threads(1)
-    sys.argv = [str(script), str(lesson_file), str(out)]
-    sys.path.insert(0, str(Path(script).parent))
-    runpy.run_path(str(script), run_name="__main__")
-    return 0
-
-
-def run_cases(
-    script: Path, lesson_file: Path, folder: Path, timeout: float = 90, only=None
-) -> Outcome:
-    """Run a case script on `lesson_file` in a child, in `folder` (only the cases named in
-    `only`, when given); read what it sent."""
-    from course import procs
-
-    out = Path(folder) / "cases-out"
-    env = {ONLY_ENV: ",".join(only)} if only is not None else None
-    cancel = procs.current_cancel  # the lesson's file is known broken: launch nothing
-    if _fork_cases() and not (cancel is not None and cancel.refuses([lesson_file])):
-        # A fork of this process, which has imported torch and the course: 2-3 s of CPU
-        # less than a new interpreter, for every case script of every grade.
-        child = functools.partial(_case_child, script, lesson_file, out, env)
-        args = [sys.executable, str(script), str(lesson_file), str(out)]
-        result = procs.forked(child, args=args, timeout=timeout, cwd=folder)
-    else:  # an xdist worker (threads), or children that run as another user
-        result = procs.python(script, lesson_file, out, timeout=timeout, cwd=folder, env=env)
-    try:
-        data = json.loads((out / RESULTS).read_text())
-        if not isinstance(data, dict) or not isinstance(data.get("cases"), dict):
-            data = None
-    except (OSError, ValueError):
-        data = None
-    return Outcome(result, data, out / TENSORS)
