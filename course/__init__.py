@@ -14,15 +14,23 @@ where a new helper goes:
     atomic           the one atomic file writer (checkpoints, metrics, results, records)
     ranks            process groups: ports, timeouts, CPU shares, means over ranks
     runtime          seeding, device choice, one-line errors
-    lessons          the registry: each lesson's number, folder, script, launcher
+    lessons          the registry: each lesson's number, folder, script, launcher, and
+                     the command that starts it
     procs            processes with deadlines: launch, kill the group, collect rank logs
     warmstart        a launch's Python processes forked from a zygote that imported torch
 
   course/grader/     everything that grades a submission (python -m course grade)
-    plugin           the pytest plugin: points, markers, fail-fast, table, JSON
+    plugin           the pytest plugin: its hooks, wiring the parts below into pytest
+    gradebook        the grade book: points, the table per lesson, the Gradescope JSON
     rules            the grading rules read from the tests (points, markers, titles),
                      for the plugin, the site's grading tables and the mutation tests
-    calls            calling a lesson's functions in a child process (case scripts)
+    imports          the import check: each lesson file imported in a child before its
+                     first test; a file that hangs or fails there fails its tests at once
+    launches         the launches a lesson's tests share (needed, shared), and -n
+                     scheduling by test file
+    cases            a lesson's functions called in a child by its case script
+                     (tests/cases/): the protocol and the child's side; case_ranks: the
+                     ranks a case starts; case_runs: the grader's side, what came back
     submission       loading a submission's lesson file, each failure in one line
     judge            numbers the grader computes itself: accuracy of saved weights,
                      the reference weights a run must end with

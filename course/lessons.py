@@ -1,11 +1,14 @@
 """The lesson registry: one entry per lesson folder, in course order.
 
 The CLI, the grader's table and the site read titles and launch styles from
-here, so a lesson is declared once.
+here, so a lesson is declared once; and the command that starts a lesson's script
+(`lesson_command`: `python -m course run`, and lesson 04's tests, which start torchrun
+as a student does).
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,3 +204,32 @@ def resolve_impl(impl: str | Path) -> Path:
     if not path.is_dir():
         raise FileNotFoundError(f"--impl {impl}: no such folder")
     return path
+
+
+def lesson_command(
+    lesson, impl_dir, nproc=None, backend=None, extra=(), max_restarts=None, rendezvous=None
+) -> list[str]:
+    """The command that launches `lesson` from `impl_dir`. For torchrun lessons,
+    `rendezvous` replaces --standalone with torchrun's multi-node options
+    (--nnodes, --rdzv_backend, --rdzv_endpoint, --rdzv_id)."""
+    script = lesson.path(impl_dir)
+    if lesson.exercises and extra and lesson.exercise(extra[0]):  # course run 09 hang ...
+        script, extra = script.with_name(lesson.exercise(extra[0])), list(extra[1:])
+    if not script.is_file():
+        raise FileNotFoundError(f"{script}: not found")
+    if not lesson.distributed and (nproc or backend):
+        raise ValueError(f"lesson {lesson.number} runs one process; --nproc/--backend don't apply")
+    if nproc is not None and nproc < 1:
+        raise ValueError(f"--nproc must be at least 1, got {nproc}")
+    if max_restarts is not None and (lesson.launcher != "torchrun" or max_restarts < 0):
+        raise ValueError("--max-restarts takes a number >= 0, for torchrun lessons only")
+    options = [*(["--backend", backend] if backend else [])]
+    if lesson.launcher == "torchrun":
+        launcher = [sys.executable, "-m", "torch.distributed.run"]
+        launcher += list(rendezvous) if rendezvous else ["--standalone"]
+        if max_restarts is not None:
+            launcher.append(f"--max-restarts={max_restarts}")
+        return [*launcher, f"--nproc_per_node={nproc or 1}", str(script), *options, *extra]
+    if lesson.launcher == "spawn" and nproc:
+        options += ["--nproc", str(nproc)]
+    return [sys.executable, str(script), *options, *extra]

@@ -7,6 +7,11 @@
 - `run_script`: run a lesson script in its own process group with a deadline.
 - `course_without_solutions`: a copy of the course as a class deploys it, with
   no solutions/ folder, to grade from.
+
+And the schedule of the course's own suite with `-n N` (the grader's plugin sends a test
+file's tests to one worker, in the items' order: course/grader/launches.py): the slowest
+files first (SLOWEST), the files of SPREAD test by test and last, the files of TOGETHER
+on one worker.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from course import REPO_ROOT, launch
-from course.grader import submission
+from course import REPO_ROOT
+from course.grader import launches, submission
 
 
 @functools.cache
@@ -60,7 +65,7 @@ def impl(pytestconfig):
 
 
 @pytest.fixture
-def run_script(tmp_path):
+def run_script(tmp_path, launcher):
     """Run `python <script> args...`; fail with each rank's last lines unless asked not to."""
 
     def run(script, *args, timeout=60, check=True, env=None):
@@ -68,7 +73,7 @@ def run_script(tmp_path):
             submission.check_script(script)  # a missing or unparsable file: one line, no launch
         except submission.LessonError as err:
             pytest.fail(str(err), pytrace=False)
-        result = launch.run(
+        result = launcher.run(
             [sys.executable, str(script), *map(str, args)],
             timeout=timeout,
             env=env,
@@ -102,3 +107,51 @@ def copy_course(into: Path) -> Path:
 @pytest.fixture(scope="session")
 def course_without_solutions(tmp_path_factory) -> Path:
     return copy_course(tmp_path_factory.mktemp("deployed") / "course")
+
+
+# --- the schedule of the course's own suite with -n N ---------------------------------
+
+# Files of independent gradings, one test each: spread test by test, as xdist's default
+# `load` does, and run last: small pieces that fill both workers to the end.
+SPREAD = ("test_mutants.py", "test_grader.py")
+TOGETHER = {"test_site.py": "site", "test_browser.py": "site"}  # one worker, one site build
+
+# Seconds of the slowest files in `pytest -m "not mutation" -n 2` on two idle cores
+# (2026-12-04, `python -m course durations`; test_site.py's share counts with the browser's).
+# Sent first, they no longer start last and leave one worker alone at the end: xdist's
+# own order, by number of tests, put the 40 s planted hang (two tests) near the end.
+SLOWEST = {
+    "test_browser.py": 104, "test_site.py": 104, "test_recorded_outputs.py": 63,
+    "test_course_bench.py": 45, "test_grader_hangs.py": 40, "test_course_warmstart.py": 26,
+    "test_notebooks.py": 22, "test_09_debugging.py": 20, "test_course_autograder.py": 19,
+    "test_04_torchrun.py": 18, "test_course_grade_class.py": 17, "test_course_procs.py": 16,
+}  # fmt: skip
+
+
+def in_schedule_order(items: list) -> None:
+    """Sort the items (stable): SPREAD's last, the SLOWEST files' first, the rest as
+    collected."""
+    items.sort(key=lambda item: (item.path.name in SPREAD, -SLOWEST.get(item.path.name, 0)))
+
+
+def pytest_collection_modifyitems(items):
+    in_schedule_order(items)
+
+
+def _scope(nodeid: str, file: str) -> str:
+    """A test's scheduling scope: its own for SPREAD's files, the group's name for
+    TOGETHER's, else its file's."""
+    name = Path(file).name
+    if name in SPREAD:
+        return nodeid
+    return TOGETHER.get(name, file)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """The grader's scheduling by file (course/grader/launches.py), with SPREAD's files
+    test by test and TOGETHER's on one worker: the site tests and the browser tests read
+    one build of the site (tests/_sitebuild.py)."""
+    if config.getvalue("dist") != "load":
+        return None  # the caller asked for another scheme: keep it
+    return launches.file_scheduling(config, log, scope=_scope)

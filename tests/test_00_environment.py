@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from course import lessons
-from course.grader.plugin import call_lesson
+from course.grader.case_runs import run_lesson_cases
 
 LESSON = lessons.get("00")
 CASES = Path(__file__).with_name("cases") / "lesson_00.py"
@@ -24,7 +24,7 @@ CASES = Path(__file__).with_name("cases") / "lesson_00.py"
 @pytest.fixture(scope="module")
 def env(impl, tmp_path_factory):
     """Every case of lesson 00, run once in one child process."""
-    return call_lesson(impl, LESSON, CASES, tmp_path_factory.mktemp("cases00"))
+    return run_lesson_cases(impl, LESSON, CASES, tmp_path_factory.mktemp("cases00"))
 
 
 @pytest.mark.core

@@ -19,7 +19,7 @@ from torch import nn
 
 from course import checkpoint, data, lessons, models
 from course.grader import judge
-from course.grader.plugin import call_lesson
+from course.grader.case_runs import run_lesson_cases
 from course.grader.tolerances import seed, tolerance
 from course.probes import batch_log, write_log
 from course.probes.write_log import WRITE_LOG_ENV
@@ -58,7 +58,7 @@ def cases_folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def train(impl, cases_folder):
     """Every case of lesson 01, run once in one child process (in cases_folder)."""
-    return call_lesson(impl, LESSON, CASES, cases_folder)
+    return run_lesson_cases(impl, LESSON, CASES, cases_folder)
 
 
 def run_once(launcher, impl, folder, *args, timeout=90, env=None):

@@ -18,7 +18,7 @@ import torch
 
 from course import checkpoint, lessons, models
 from course.grader import judge
-from course.grader.plugin import call_lesson
+from course.grader.case_runs import run_lesson_cases
 from course.grader.tolerances import seed, tolerance
 
 LESSON = lessons.get("02")
@@ -33,7 +33,7 @@ CASES = Path(__file__).with_name("cases") / "lesson_02.py"
 @pytest.fixture(scope="module")
 def dp(impl, tmp_path_factory):
     """Every case of lesson 02, run once in one child process."""
-    return call_lesson(impl, LESSON, CASES, tmp_path_factory.mktemp("cases02"))
+    return run_lesson_cases(impl, LESSON, CASES, tmp_path_factory.mktemp("cases02"))
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,8 @@ import pytest
 
 from course import checkpoint, lessons, models
 from course.grader import judge
-from course.grader.plugin import call_lesson, needed
+from course.grader.case_runs import run_lesson_cases
+from course.grader.launches import needed
 from course.grader.tolerances import seed, tolerance
 from course.probes import batch_log, weight_log, write_log
 from course.probes.batch_log import LOG_ENV as BATCH_ENV
@@ -302,18 +303,20 @@ def test_log_states_the_global_batch(runs, backend):
     assert f"global batch {2 * PER_RANK_BATCH}" in result.rank_logs.get("rank0", "")
 
 
-_calls: dict = {}
+_cases: dict = {}
 
 
 @pytest.fixture
 def trained(impl, tmp_path_factory):
     """The case script's `train_in_two_ranks` (tests/cases/lesson_03.py): setup() and
     train() called in two gloo ranks forked from one child, with `ddp`'s arguments."""
-    if str(impl) not in _calls:
+    if str(impl) not in _cases:
         folder = tmp_path_factory.mktemp("cases")
-        _calls[str(impl)] = call_lesson(impl, LESSON, CASES, folder, only=["train_in_two_ranks"])
-    found = _calls[str(impl)]("train_in_two_ranks")
-    return found, _calls[str(impl)].tensors("train_in_two_ranks"), Path(found["folder"])
+        _cases[str(impl)] = run_lesson_cases(
+            impl, LESSON, CASES, folder, only=["train_in_two_ranks"]
+        )
+    found = _cases[str(impl)]("train_in_two_ranks")
+    return found, _cases[str(impl)].tensors("train_in_two_ranks"), Path(found["folder"])
 
 
 @pytest.mark.core
@@ -369,7 +372,7 @@ def test_train_function_saves_on_rank_0_only(trained):
 @pytest.mark.points(1)
 def test_sync_bn_without_cuda_is_refused_before_spawning(impl, tmp_path):
     """--sync-bn with gloo is a one-line error before any process starts."""
-    got = call_lesson(impl, LESSON, CASES, tmp_path)("sync_bn_with_gloo")
+    got = run_lesson_cases(impl, LESSON, CASES, tmp_path)("sync_bn_with_gloo")
     assert got["raised"] == "ValueError" and "nccl" in got["message"], (
         f"`--sync-bn --backend gloo` should raise ValueError naming nccl (SyncBatchNorm runs "
         f"on CUDA tensors only), got {got}"

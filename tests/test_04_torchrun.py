@@ -45,14 +45,14 @@ import torch
 
 from course import checkpoint, lessons
 from course.grader import judge
-from course.grader.plugin import call_lesson, needed
+from course.grader.case_runs import run_lesson_cases
+from course.grader.launches import needed
 from course.grader.tolerances import seed, tolerance
 from course.probes import weight_log, write_log
 from course.probes.chaos import KILL_AT_STEP, KILL_IN_SAVE, KILL_RANK
 from course.probes.weight_log import LOG_ENV as REPLICA_ENV
 from course.probes.write_log import WRITE_LOG_ENV
 from course.ranks import free_port
-from course.tools.cli import lesson_command
 
 LESSON = lessons.get("04")
 CASES = Path(__file__).with_name("cases") / "lesson_04.py"
@@ -83,7 +83,7 @@ _runs: dict = {}
 def torchrun(launcher, impl, backend, folder, restarts, env=None, every=EVERY, nproc=2):
     """One torchrun launch of the lesson in `folder` (an empty folder)."""
     args = [*ARGS[:-4], "--snapshot-every", str(every), *ARGS[-2:]]
-    command = lesson_command(LESSON, impl, nproc, backend, args, max_restarts=restarts)
+    command = lessons.lesson_command(LESSON, impl, nproc, backend, args, max_restarts=restarts)
 
     def fresh():  # before a second launch: the folder as the first one found it
         for path in folder.iterdir():
@@ -104,7 +104,7 @@ def two_nodes(launcher, impl, backend, folder):
     meeting at a c10d rendezvous on loopback, as `torchrun --nnodes 2` on two hosts would."""
     rendezvous = ["--nnodes=2", "--rdzv_backend=c10d", "--rdzv_id=ref"]
     rendezvous.append(f"--rdzv_endpoint=127.0.0.1:{free_port()}")
-    command = lesson_command(LESSON, impl, 1, backend, ARGS, rendezvous=rendezvous)
+    command = lessons.lesson_command(LESSON, impl, 1, backend, ARGS, rendezvous=rendezvous)
     env = {WRITE_LOG_ENV: str(folder / "writes.log"), REPLICA_ENV: str(folder / "replicas")}
     (folder / "replicas").mkdir()
     jobs = {}
@@ -375,27 +375,27 @@ def test_a_snapshot_from_another_number_of_ranks_is_refused(runs, backend):
     assert re.search(r"\b2\b", errors[-1]) and re.search(r"\b1\b", errors[-1]), errors[-1]
 
 
-_calls: dict = {}
+_cases: dict = {}
 
 
 @pytest.fixture
-def snapshot_calls(impl, tmp_path_factory):
+def snapshot_cases(impl, tmp_path_factory):
     """The case script's snapshot cases, in one child, once per graded folder."""
-    if str(impl) not in _calls:
+    if str(impl) not in _cases:
         folder = tmp_path_factory.mktemp("cases")
         only = ["snapshot_round_trip", "snapshot_other_world"]
-        _calls[str(impl)] = call_lesson(impl, LESSON, CASES, folder, only=only)
-    return _calls[str(impl)]
+        _cases[str(impl)] = run_lesson_cases(impl, LESSON, CASES, folder, only=only)
+    return _cases[str(impl)]
 
 
 @pytest.mark.core
 @pytest.mark.points(1)
-def test_a_snapshot_restores_weights_optimizer_and_generator(snapshot_calls):
+def test_a_snapshot_restores_weights_optimizer_and_generator(snapshot_cases):
     """save_snapshot, then load_snapshot into another model and optimizer (one rank, no
     torchrun): the weights, SGD's momentum and the random generator come back as saved,
     and load_snapshot returns (epoch, batches done, step) as given to save_snapshot."""
-    got = snapshot_calls.tensors("snapshot_round_trip")
-    found = snapshot_calls("snapshot_round_trip")
+    got = snapshot_cases.tensors("snapshot_round_trip")
+    found = snapshot_cases("snapshot_round_trip")
     assert found["returned"] == [1, 3, 7], (
         f"save_snapshot(..., epoch=1, batches_done=3, step=7), then load_snapshot returned "
         f"{found['returned']}"
@@ -417,10 +417,10 @@ def test_a_snapshot_restores_weights_optimizer_and_generator(snapshot_calls):
 
 @pytest.mark.core
 @pytest.mark.points(1)
-def test_a_snapshot_is_put_in_place_by_a_rename(snapshot_calls):
+def test_a_snapshot_is_put_in_place_by_a_rename(snapshot_cases):
     """Replacing snapshot.pt writes a temporary file and renames it onto the name, never
     opening snapshot.pt itself for writing: a crash mid-write leaves the old one whole."""
-    writes = snapshot_calls("snapshot_round_trip")["writes"]
+    writes = snapshot_cases("snapshot_round_trip")["writes"]
     assert writes == ["renamed onto"], (
         f"replacing snapshot.pt: {writes or 'not written at all'}. Expected one rename of a "
         "finished temporary file onto it (course.checkpoint.save does that); a write in "
@@ -430,10 +430,10 @@ def test_a_snapshot_is_put_in_place_by_a_rename(snapshot_calls):
 
 @pytest.mark.core
 @pytest.mark.points(1)
-def test_load_snapshot_refuses_another_world_size(snapshot_calls):
+def test_load_snapshot_refuses_another_world_size(snapshot_cases):
     """A snapshot saved by 2 ranks (save_snapshot in a group of 2), loaded in a group of 1:
     load_snapshot raises ValueError naming both world sizes."""
-    found = snapshot_calls("snapshot_other_world")
+    found = snapshot_cases("snapshot_other_world")
     assert found["raised"] == "ValueError", (
         f"load_snapshot of a 2-rank snapshot in a 1-rank group raised {found['raised']}"
         f"{': ' + found.get('message', '') if found['raised'] else ''}; expected ValueError: "
@@ -447,23 +447,23 @@ def test_load_snapshot_refuses_another_world_size(snapshot_calls):
 
 
 @pytest.fixture
-def resume_calls(impl, tmp_path_factory):
+def resume_cases(impl, tmp_path_factory):
     """The case script's `resumed_twice` (tests/cases/lesson_04.py), once per graded folder:
     setup() and train() in two gloo ranks forked from one child, without torchrun."""
     key = f"resume:{impl}"
-    if key not in _calls:
+    if key not in _cases:
         folder = tmp_path_factory.mktemp("resume")
-        _calls[key] = call_lesson(impl, LESSON, CASES, folder, only=["resumed_twice"])
-    return _calls[key]
+        _cases[key] = run_lesson_cases(impl, LESSON, CASES, folder, only=["resumed_twice"])
+    return _cases[key]
 
 
 @pytest.mark.core
 @pytest.mark.points(1)
-def test_setup_takes_the_global_rank_from_torchruns_environment(resume_calls):
+def test_setup_takes_the_global_rank_from_torchruns_environment(resume_cases):
     """setup("gloo") with 2 nodes' environment (RANK 0 and 1, LOCAL_RANK 0 on both) returns
     each process's global rank and the world size, and joins the group as that rank."""
     joined = [
-        (j["rank"], j["world"], j["group_rank"]) for j in resume_calls("resumed_twice")["joined"]
+        (j["rank"], j["world"], j["group_rank"]) for j in resume_cases("resumed_twice")["joined"]
     ]
     assert joined == [(0, 2, 0), (1, 2, 1)], (
         f"with RANK=0 and RANK=1 (LOCAL_RANK=0 on both, as on two nodes) setup returned "
@@ -474,13 +474,13 @@ def test_setup_takes_the_global_rank_from_torchruns_environment(resume_calls):
 
 @pytest.mark.core
 @pytest.mark.points(2)
-def test_train_function_resumed_twice_equals_the_graders_run(resume_calls):
+def test_train_function_resumed_twice_equals_the_graders_run(resume_cases):
     """train() on two ranks (2 x 32, no BatchNorm, --seed 2 --lr 0.1), stopped after step 10
     and after step 14 and resumed from its snapshot each time, ends with the weights of its
     own uninterrupted run, bit for bit, after 46 steps; that run is the grader's one-process
     training on the global batch (course.grader.judge.reference_weights), and the replicas
     of the last call are equal after every step."""
-    found, got = resume_calls("resumed_twice"), resume_calls.tensors("resumed_twice")
+    found, got = resume_cases("resumed_twice"), resume_cases.tensors("resumed_twice")
     for name in ("whole", "resumed"):
         assert found[f"{name}_step"] is not None, (
             f"train() ({name} run) wrote no --checkpoint: the save after each complete epoch "
@@ -517,7 +517,7 @@ def test_train_function_resumed_twice_equals_the_graders_run(resume_calls):
 @pytest.mark.points(1)
 def test_refuses_to_run_without_torchrun(impl, tmp_path):
     """Started without torchrun (no LOCAL_RANK), the script says how to start it."""
-    got = call_lesson(impl, LESSON, CASES, tmp_path)("main_without_torchrun")
+    got = run_lesson_cases(impl, LESSON, CASES, tmp_path)("main_without_torchrun")
     assert got["raised"] == "ValueError" and "torchrun" in got["message"], (
         f"main() without LOCAL_RANK in the environment should raise ValueError saying to "
         f"start it with torchrun, got {got}"

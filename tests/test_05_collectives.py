@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from course import lessons
-from course.grader.calls import CaseFailed
-from course.grader.plugin import call_lesson, needed
+from course.grader.case_runs import CaseFailed, run_lesson_cases
+from course.grader.launches import needed
 
 LESSON = lessons.get("05")
 CASES = Path(__file__).with_name("cases") / "lesson_05.py"
@@ -38,20 +38,20 @@ def ring_input(world: int, size: int, rank: int) -> torch.Tensor:
     return torch.randint(-1000, 1000, (size,), generator=gen).float()
 
 
-_calls: dict = {}
+_cases: dict = {}
 
 
 CASE_NAMES = ("ring_2", "ring_3", "ring_4", "ring_large", "ring_nccl")
 
 
 @pytest.fixture
-def calls(impl, tmp_path_factory, request):
-    """The case script's outcome: every case the selected tests need, run in one child."""
-    if str(impl) not in _calls:
+def cases(impl, tmp_path_factory, request):
+    """The case script's results: every case the selected tests need, run in one child."""
+    if str(impl) not in _cases:
         folder = tmp_path_factory.mktemp("cases")
         only = needed(request, CASE_NAMES)
-        _calls[str(impl)] = call_lesson(impl, LESSON, CASES, folder, only=only)
-    return _calls[str(impl)]
+        _cases[str(impl)] = run_lesson_cases(impl, LESSON, CASES, folder, only=only)
+    return _cases[str(impl)]
 
 
 DEADLOCK = (
@@ -83,12 +83,12 @@ def calls_blocking_send(path: Path) -> bool:
     return False
 
 
-def check_ring(calls, case: str, world: int, sizes) -> None:
+def check_ring(cases, case: str, world: int, sizes) -> None:
     try:
-        got, message = calls.outcome.tensors(case), None
+        got, message = cases.results.tensors(case), None
     except CaseFailed as err:
         hung = "timed out" in str(err).lower()
-        cause = DEADLOCK if calls_blocking_send(calls.lesson_file) else STUCK
+        cause = DEADLOCK if calls_blocking_send(cases.lesson_file) else STUCK
         message = f"the {world}-rank ring did not finish: {err}\n{cause}" if hung else str(err)
     if message is not None:  # outside `except`: no chained traceback
         pytest.fail(message, pytrace=False)
@@ -107,7 +107,7 @@ def check_ring(calls, case: str, world: int, sizes) -> None:
                 "cause: a chunk index off by one step, a chunk added twice or never, or "
                 "the all-gather writing into the wrong chunk"
             )
-    check_ring_messages(calls.outcome.value(case).get("ops", {}), world, sizes)
+    check_ring_messages(cases.results.value(case).get("ops", {}), world, sizes)
 
 
 POINT_TO_POINT = {"send": "out", "isend": "out", "recv": "in", "irecv": "in"}
@@ -151,25 +151,25 @@ def check_ring_messages(ops: dict, world: int, sizes) -> None:
 @pytest.mark.points(3)
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.needs("ring_{world}")
-def test_ring_all_reduce_sums_over_every_rank(calls, world):
+def test_ring_all_reduce_sums_over_every_rank(cases, world):
     """Every rank ends with the exact sum, for 2, 3 and 4 ranks and uneven lengths."""
-    check_ring(calls, f"ring_{world}", world, SIZES)
+    check_ring(cases, f"ring_{world}", world, SIZES)
 
 
 @pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.needs("ring_large")
-def test_ring_all_reduce_sums_a_large_tensor(calls):
+def test_ring_all_reduce_sums_a_large_tensor(cases):
     """16 MB over 2 ranks, summed exactly."""
-    check_ring(calls, "ring_large", 2, (LARGE,))
+    check_ring(cases, "ring_large", 2, (LARGE,))
 
 
 @pytest.mark.gpus(2)
 @pytest.mark.points(2)
 @pytest.mark.needs("ring_nccl")
-def test_ring_all_reduce_on_two_gpus(calls):
+def test_ring_all_reduce_on_two_gpus(cases):
     """The same sums with nccl, on two GPUs."""
-    check_ring(calls, "ring_nccl", 2, SIZES)
+    check_ring(cases, "ring_nccl", 2, SIZES)
 
 
 @pytest.mark.points(1)

@@ -31,8 +31,7 @@ import pytest
 
 from course import checkpoint, lessons
 from course.grader import judge
-from course.grader.calls import CaseFailed
-from course.grader.plugin import call_lesson
+from course.grader.case_runs import CaseFailed, run_lesson_cases
 from course.grader.tolerances import seed, tolerance
 from course.probes import weight_log
 from course.probes.weight_log import LOG_ENV as REPLICA_ENV
@@ -61,22 +60,22 @@ HANG = (
     "not on another, or in another order), so each waits for a partner that never comes"
 )
 
-_calls: dict = {}
+_cases: dict = {}
 
 
 @pytest.fixture
-def calls(impl, tmp_path_factory):
-    if str(impl) not in _calls:
-        _calls[str(impl)] = call_lesson(impl, LESSON, CASES, tmp_path_factory.mktemp("cases"))
-    return _calls[str(impl)]
+def cases(impl, tmp_path_factory):
+    if str(impl) not in _cases:
+        _cases[str(impl)] = run_lesson_cases(impl, LESSON, CASES, tmp_path_factory.mktemp("cases"))
+    return _cases[str(impl)]
 
 
-def driven(calls, backend):
+def driven(cases, backend):
     """[(world, tensors, notes)] of the cases for `backend`; a failed case fails the test."""
     out = []
     for case, world in WORLDS[backend]:
         try:
-            got, notes = calls.outcome.tensors(case), calls.outcome.value(case)["notes"]
+            got, notes = cases.results.tensors(case), cases.results.value(case)["notes"]
             message = None
         except CaseFailed as err:
             hung = "timed out" in str(err).lower()
@@ -99,9 +98,9 @@ def max_difference(a: dict, b: dict) -> float:
 
 @pytest.mark.core
 @pytest.mark.points(2)
-def test_ranks_start_from_rank_0s_weights_and_buffers(calls, backend):
+def test_ranks_start_from_rank_0s_weights_and_buffers(cases, backend):
     """Each rank built different random weights; after MiniDDP(...) all hold rank 0's."""
-    for world, got, notes in driven(calls, backend):
+    for world, got, notes in driven(cases, backend):
         for scenario in (*SCENARIOS["plain"], *SCENARIOS["tied"]):
             first = state(got, scenario, 0, "before")
             for rank in range(world):
@@ -127,10 +126,10 @@ def test_ranks_start_from_rank_0s_weights_and_buffers(calls, backend):
 @pytest.mark.core
 @pytest.mark.points(3)
 @pytest.mark.parametrize("model", ["plain", "tied"])
-def test_training_equals_one_process_on_the_full_batch(calls, backend, model):
+def test_training_equals_one_process_on_the_full_batch(cases, backend, model):
     """After 5 steps on disjoint shards, every rank holds the one-process weights."""
     want = m.reference(model)
-    for world, got, _ in driven(calls, backend):
+    for world, got, _ in driven(cases, backend):
         for scenario in SCENARIOS[model]:
             final = [state(got, scenario, rank, "final") for rank in range(world)]
             worst = max_difference(final[0], want)
@@ -156,17 +155,17 @@ def test_training_equals_one_process_on_the_full_batch(calls, backend, model):
 
 @pytest.mark.core
 @pytest.mark.points(2)
-def test_buckets_need_fewer_all_reduces_than_parameters(calls, backend):
+def test_buckets_need_fewer_all_reduces_than_parameters(cases, backend):
     """One all-reduce per parameter without a cap; fewer with buckets; one for a 25 MB cap."""
     n = {name: m.trainable_count(name) for name in ("plain", "tied")}
-    cases = (
+    scenarios = (
         ("plain-none", n["plain"], n["plain"], "one per trainable parameter"),
         (f"plain-{m.MID_CAP_MB}", 2, n["plain"] - 1, "more than one, fewer than parameters"),
         (f"plain-{m.LARGE_CAP_MB}", 1, 1, "one: the whole model fits in a bucket"),
         ("tied-none", n["tied"], n["tied"], "one per trainable tensor (shared once, frozen not)"),
     )
-    for world, _, notes in driven(calls, backend):
-        for scenario, low, high, why in cases:
+    for world, _, notes in driven(cases, backend):
+        for scenario, low, high, why in scenarios:
             counts = [s["all_reduces"] for s in notes["0"][scenario]["steps"]]
             assert all(low <= c <= high for c in counts), (
                 f"{world} ranks, {scenario}: dist.all_reduce was called {counts} times in "
@@ -179,9 +178,9 @@ def test_buckets_need_fewer_all_reduces_than_parameters(calls, backend):
 
 @pytest.mark.core
 @pytest.mark.points(2)
-def test_all_reduces_start_during_backward_without_waiting(calls, backend):
+def test_all_reduces_start_during_backward_without_waiting(cases, backend):
     """The first all-reduce starts before the first layer's gradient exists, asynchronously."""
-    for world, _, notes in driven(calls, backend):
+    for world, _, notes in driven(cases, backend):
         for scenario in SCENARIOS["plain"][:2]:
             for step, s in enumerate(notes["0"][scenario]["steps"], start=1):
                 assert s["before_first_layer"] >= 1, (

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from course import lessons
-from course.grader.plugin import needed, shared
+from course.grader.launches import needed, shared
 from course.probes import connect_log
 from course.ranks import free_port
 

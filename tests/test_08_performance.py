@@ -39,7 +39,8 @@ import pytest
 
 from course import checkpoint, lessons
 from course.grader import judge
-from course.grader.plugin import call_lesson, needed
+from course.grader.case_runs import run_lesson_cases
+from course.grader.launches import needed
 from course.grader.tolerances import seed, tolerance
 from course.probes import ddp_log, weight_log, write_log
 from course.probes.ddp_log import LOG_ENV as DDP_ENV
@@ -339,15 +340,15 @@ def test_compile_with_small_buckets_is_refused_in_one_line(impl, tmp_path, launc
 CASES = Path(__file__).with_name("cases") / "lesson_08.py"
 CASE_STEPS, CASE_K, CASE_MICRO, CASE_LR = 2, 4, 8, 0.1  # as in the case script
 CASE_EXTRA = 2  # micro-batches after the last full group: the epoch ends mid-group
-_calls: dict = {}
+_cases: dict = {}
 
 
 @pytest.fixture
-def accumulate_calls(impl, tmp_path_factory):
-    if str(impl) not in _calls:
+def accumulate_cases(impl, tmp_path_factory):
+    if str(impl) not in _cases:
         folder = tmp_path_factory.mktemp("cases")
-        _calls[str(impl)] = call_lesson(impl, LESSON, CASES, folder, only=["accumulate"])
-    return _calls[str(impl)]
+        _cases[str(impl)] = run_lesson_cases(impl, LESSON, CASES, folder, only=["accumulate"])
+    return _cases[str(impl)]
 
 
 def case_reference(short_group_mean: bool) -> dict:
@@ -385,12 +386,12 @@ def case_reference(short_group_mean: bool) -> dict:
 
 @pytest.mark.core
 @pytest.mark.points(1)
-def test_train_one_epoch_accumulates_into_the_large_batch_step(accumulate_calls):
+def test_train_one_epoch_accumulates_into_the_large_batch_step(accumulate_cases):
     """train_one_epoch with accumulate=4, on 2 ranks of 10 micro-batches of 8, ends with the
     weights of one step a batch of 64 (computed here) for each group of 4, and one step on
     the 2 micro-batches left at the epoch's end (their mean loss, or that times 2/4), on
     both ranks."""
-    got = accumulate_calls.tensors("accumulate")
+    got = accumulate_cases.tensors("accumulate")
     wants = {mean: case_reference(mean) for mean in (True, False)}
     for rank in range(2):
         mine = {k.split("/", 1)[1]: v for k, v in got.items() if k.startswith(f"{rank}/")}
@@ -407,7 +408,7 @@ def test_train_one_epoch_accumulates_into_the_large_batch_step(accumulate_calls)
             f"one, or the {CASE_EXTRA} micro-batches after the last group of {CASE_K} never "
             "step"
         )
-    counts = accumulate_calls("accumulate")["ranks"]
+    counts = accumulate_cases("accumulate")["ranks"]
     want_steps = CASE_STEPS + 1
     assert [c["steps"] for c in counts] == [want_steps] * 2, (
         f"steps returned by rank: {[c['steps'] for c in counts]}; expected {want_steps}: "
@@ -417,11 +418,11 @@ def test_train_one_epoch_accumulates_into_the_large_batch_step(accumulate_calls)
 
 @pytest.mark.core
 @pytest.mark.points(1)
-def test_train_one_epoch_all_reduces_once_per_step(accumulate_calls):
+def test_train_one_epoch_all_reduces_once_per_step(accumulate_cases):
     """Over 2 steps of 4 micro-batches and one of the 2 left, DDP sends its one bucket 3
     times per rank (counted by a communication hook): once per optimizer step, never per
     micro-batch."""
-    sent = [c["all_reduces"] for c in accumulate_calls("accumulate")["ranks"]]
+    sent = [c["all_reduces"] for c in accumulate_cases("accumulate")["ranks"]]
     assert sent == [CASE_STEPS + 1] * 2, (
         f"DDP all-reduced {sent} times on ranks 0 and 1 over {CASE_STEPS} steps of {CASE_K} "
         f"micro-batches and one of {CASE_EXTRA}; expected {CASE_STEPS + 1}. "

@@ -42,8 +42,9 @@ import torch.nn.functional as F
 from torch.utils.data import DistributedSampler, RandomSampler
 
 from course import data, launch, lessons, memory, models
+from course.grader.case_runs import run_lesson_cases
 from course.grader.draws import draw
-from course.grader.plugin import call_lesson, needed, shared
+from course.grader.launches import needed, shared
 from course.grader.tolerances import seed, tolerance
 from course.probes import step_clock
 from course.ranks import free_port
@@ -67,18 +68,18 @@ DDP_STEP = tolerance(
 )  # fmt: skip
 HANG_STEPS = (14, 15)  # 478 // 32 on every rank, or 15 where the shards are padded
 
-_calls: dict = {}
+_cases: dict = {}
 
 
 @pytest.fixture
-def calls(impl, tmp_path_factory, request):
-    """The case script's outcome: every case the selected tests need, in one child."""
-    if str(impl) not in _calls:
+def cases(impl, tmp_path_factory, request):
+    """The case script's results: every case the selected tests need, in one child."""
+    if str(impl) not in _cases:
         folder = tmp_path_factory.mktemp("cases")
-        _calls[str(impl)] = call_lesson(
+        _cases[str(impl)] = run_lesson_cases(
             impl, LESSON, CASES, folder, only=needed(request, CASE_NAMES)
         )
-    return _calls[str(impl)]
+    return _cases[str(impl)]
 
 
 def largest_difference(got: dict, want: dict, prefix: str = "") -> tuple[float, str]:
@@ -113,10 +114,10 @@ def reference_oom_steps():
 @pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.needs("memory_steps")
-def test_oom_step_fits_the_budget(calls):
+def test_oom_step_fits_the_budget(cases):
     """Each step keeps at most 8 MiB of activations for backward (measured by the grader's
     meter), and fewer images per backward keep fewer."""
-    found = calls("memory_steps")
+    found = cases("memory_steps")
     peaks = [p / memory.MIB for p in found["peaks"]]
     assert max(peaks) <= BUDGET / memory.MIB, (
         f"train_step kept up to {max(peaks):.1f} MiB of activations for backward; the budget "
@@ -132,12 +133,12 @@ def test_oom_step_fits_the_budget(calls):
 
 @pytest.mark.points(3)
 @pytest.mark.needs("memory_steps")
-def test_oom_step_equals_the_whole_batch_step(calls):
+def test_oom_step_equals_the_whole_batch_step(cases):
     """(Not a core test: the starter's whole-batch step passes it; its bug is the memory.)
     The accumulated steps give the weights and losses of the same steps on the whole
     batch, which this process computes itself."""
     want, losses = reference_oom_steps()
-    worst, where = largest_difference(calls.tensors("memory_steps"), want)
+    worst, where = largest_difference(cases.tensors("memory_steps"), want)
     OOM_EQUIVALENCE.note(worst)
     assert worst <= OOM_EQUIVALENCE.high, (
         f"after {OOM_STEPS} steps, {where} is {worst:.2e} from the whole batch's steps "
@@ -146,7 +147,7 @@ def test_oom_step_equals_the_whole_batch_step(calls):
         "batch's mean (sum over its images / the batch size), the optimizer steps more than "
         "once per batch, or the gradients are cleared between micro-batches"
     )
-    got = calls("memory_steps")["losses"]
+    got = cases("memory_steps")["losses"]
     assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(got, losses, strict=True)), (
         f"train_step returned the losses {got}; the whole batch's mean losses are {losses}"
     )
@@ -233,12 +234,12 @@ def test_unused_script_runs_with_its_flags(impl, tmp_path, launcher):
 @pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.needs("unused_gradients")
-def test_unused_every_parameter_of_the_model_gets_a_gradient(calls):
+def test_unused_every_parameter_of_the_model_gets_a_gradient(cases):
     """One backward through unused.Net gives every parameter a gradient, and none of them
     is zero everywhere: nothing is left for DDP to wait for (find_unused_parameters=True
     would only hide it), and no dead layer is kept that DDP all-reduces and the optimizer
     steps for nothing."""
-    found = calls("unused_gradients")
+    found = cases("unused_gradients")
     assert found["all"], "unused.Net() has no parameters"
     assert not found["zero"], (
         f"these parameters get a zero gradient, everywhere, from a forward and backward on "
@@ -258,9 +259,9 @@ def test_unused_every_parameter_of_the_model_gets_a_gradient(calls):
 @pytest.mark.core
 @pytest.mark.points(1)
 @pytest.mark.needs("unused_ddp")
-def test_unused_ddp_training_runs_to_identical_replicas(calls):
+def test_unused_ddp_training_runs_to_identical_replicas(cases):
     """unused.train runs 3 DDP steps on 2 ranks, and both end with the same weights."""
-    got = calls.tensors("unused_ddp")
+    got = cases.tensors("unused_ddp")
     rank0 = {k.removeprefix("0/"): v for k, v in got.items() if k.startswith("0/")}
     worst, where = largest_difference(got, rank0, prefix="1/")
     assert rank0 and worst == 0, f"rank 1's {where} differs from rank 0's by {worst:.2e}"
@@ -273,11 +274,11 @@ def test_unused_ddp_training_runs_to_identical_replicas(calls):
 @pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.needs("hang_fixed")
-def test_hang_every_rank_takes_the_same_steps(calls):
+def test_hang_every_rank_takes_the_same_steps(cases):
     """hang.train ends on 3 ranks whose shards differ in length: every rank takes the same
     number of steps, and the replicas are identical and finite."""
     try:
-        got, message = calls.tensors("hang_fixed"), None
+        got, message = cases.tensors("hang_fixed"), None
     except BaseException as err:  # noqa: BLE001 - the failure, said with its likely cause
         got, message = None, str(err)
     if message is not None:  # outside `except`: no chained traceback
@@ -304,12 +305,12 @@ def test_hang_every_rank_takes_the_same_steps(calls):
 @pytest.mark.core
 @pytest.mark.points(3)
 @pytest.mark.needs("hang_diagnosis")
-def test_hang_diagnosis_names_the_rank_and_the_collective(calls):
+def test_hang_diagnosis_names_the_rank_and_the_collective(cases):
     """For three runs with a planted skip, one per collective (all_reduce, broadcast,
     all_gather), each on 3 or 4 ranks (one on 4), the skipping rank, what it runs instead
     (the barrier after, or another collective) and the order of the messages drawn from the
     grading seed: diagnose names that rank and the collective it skipped."""
-    found = calls("hang_diagnosis")
+    found = cases("hang_diagnosis")
     for plant, answer in zip(found["plants"], found["answers"], strict=True):
         world, skip, op, instead, order = plant
         assert answer == [skip, op], (
@@ -324,13 +325,13 @@ def test_hang_diagnosis_names_the_rank_and_the_collective(calls):
 @pytest.mark.exercise("hang.py")
 @pytest.mark.points(2)
 @pytest.mark.needs("hang_flight_records")
-def test_hang_flight_recorder_names_the_rank_and_the_collective(calls):
+def test_hang_flight_recorder_names_the_rank_and_the_collective(cases):
     """For two hangs planted on 3 or 4 gloo ranks, one where a rank never calls the collective
     its peers wait in (its last entry is the same op, one sequence number behind) and one where
     it calls another at the same number, the ranks, collectives and counts drawn from the
     grading seed: from_flight_records, given each rank's real flight recorder, names that rank
     and the collective the others wait in."""
-    found = calls("hang_flight_records")
+    found = cases("hang_flight_records")
     for plant, answer in zip(found["plants"], found["answers"], strict=True):
         world, odd, how, op, instead, before = plant
         did = "never called it" if how == "behind" else f"called {instead} instead"
@@ -784,18 +785,18 @@ def test_starved_workers_alter_when_batches_arrive_not_which(starved):
 # --- exercise 6: silent wrong results ----------------------------------------------------
 
 
-def silent_ranks(calls):
-    return calls("silent")["ranks"]
+def silent_ranks(cases):
+    return cases("silent")["ranks"]
 
 
 @pytest.mark.exercise("silent.py")
 @pytest.mark.core
 @pytest.mark.points(1)
 @pytest.mark.needs("silent")
-def test_silent_every_epoch_is_shuffled_anew(calls):
+def test_silent_every_epoch_is_shuffled_anew(cases):
     """epoch_order gives each rank DistributedSampler's shard of epoch 0 and of epoch 1,
     each shuffled with its own epoch."""
-    for rank, found in enumerate(silent_ranks(calls)):
+    for rank, found in enumerate(silent_ranks(cases)):
         for epoch, got in zip((0, 1, 1), found["orders"], strict=True):
             sampler = DistributedSampler(range(102), num_replicas=2, rank=rank, seed=7)
             sampler.set_epoch(epoch)
@@ -810,15 +811,15 @@ def test_silent_every_epoch_is_shuffled_anew(calls):
 @pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.needs("silent")
-def test_silent_rank_0_alone_saves_weights_a_plain_model_loads(calls):
+def test_silent_rank_0_alone_saves_weights_a_plain_model_loads(cases):
     """Given a folder of its own on each rank, only rank 0's gets weights.pt, and lesson
     01's model (no DDP) loads it as it is and gets the trained weights."""
-    written = calls("silent")["written"]
+    written = cases("silent")["written"]
     assert written == {"0": ["weights.pt"], "1": []}, (
         f"files written in each rank's folder: {written}; only rank 0 should write "
         "(all ranks writing one path race, and cost I/O)"
     )
-    got = calls.tensors("silent")
+    got = cases.tensors("silent")
     saved = {k.removeprefix("saved/"): v for k, v in got.items() if k.startswith("saved/")}
     plain = models.SmallCNN(norm="none")
     try:
@@ -837,9 +838,9 @@ def test_silent_rank_0_alone_saves_weights_a_plain_model_loads(calls):
 @pytest.mark.core
 @pytest.mark.points(1)
 @pytest.mark.needs("silent")
-def test_silent_accuracy_counts_every_rank(calls):
+def test_silent_accuracy_counts_every_rank(cases):
     """accuracy(90, 100) on rank 0 and accuracy(60, 120) on rank 1 both return 150 / 220."""
-    got = [found["accuracy"] for found in silent_ranks(calls)]
+    got = [found["accuracy"] for found in silent_ranks(cases)]
     assert all(math.isclose(a, 150 / 220, rel_tol=1e-9) for a in got), (
         f"accuracy returned {got} on ranks 0 and 1; the whole test set's is 150/220 = "
         f"{150 / 220:.4f}. Likely cause: one rank's share only, or the mean of the ranks' "
@@ -851,10 +852,10 @@ def test_silent_accuracy_counts_every_rank(calls):
 @pytest.mark.core
 @pytest.mark.points(1)
 @pytest.mark.needs("silent")
-def test_silent_augmentation_differs_between_ranks_and_repeats(calls):
+def test_silent_augmentation_differs_between_ranks_and_repeats(cases):
     """augmentation_generator(0) draws the same numbers twice on one rank, other numbers on
     the other rank, and other numbers again for seed 1."""
-    first, second = silent_ranks(calls)
+    first, second = silent_ranks(cases)
     for rank, found in enumerate((first, second)):
         a, again, other = found["noise"]
         assert a == again, f"rank {rank}: two generators of seed 0 drew {a} and {again}"
@@ -869,7 +870,7 @@ def test_silent_augmentation_differs_between_ranks_and_repeats(calls):
 @pytest.mark.core
 @pytest.mark.points(1)
 @pytest.mark.needs("silent")
-def test_silent_ddp_step_equals_one_process_on_the_global_batch(calls):
+def test_silent_ddp_step_equals_one_process_on_the_global_batch(cases):
     """train_step on 2 ranks gives the weights of one SGD step on both ranks' batches
     together (this process computes it), and returns its rank's own mean loss."""
     torch.manual_seed(DDP_SEED)
@@ -885,7 +886,7 @@ def test_silent_ddp_step_equals_one_process_on_the_global_batch(calls):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     F.cross_entropy(model(images), labels).backward()
     optimizer.step()
-    got = calls.tensors("silent")
+    got = cases.tensors("silent")
     trained = {k.removeprefix("trained/"): v for k, v in got.items() if k.startswith("trained/")}
     worst, where = largest_difference(trained, model.state_dict())
     DDP_STEP.note(worst)
@@ -894,7 +895,7 @@ def test_silent_ddp_step_equals_one_process_on_the_global_batch(calls):
         f"(allowed {DDP_STEP.high:g}). Likely cause: the loss (or the gradient) divided by the "
         "number of ranks: DDP already averages the gradients"
     )
-    losses = [found["loss"] for found in silent_ranks(calls)]
+    losses = [found["loss"] for found in silent_ranks(cases)]
     assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(losses, own, strict=True)), (
         f"train_step returned the losses {losses}; each rank's batch has the mean loss {own}"
     )

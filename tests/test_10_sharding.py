@@ -35,7 +35,7 @@ import torch
 
 from course import lessons
 from course.grader import tripwires
-from course.grader.plugin import call_lesson
+from course.grader.case_runs import run_lesson_cases
 from course.grader.tolerances import seed, tolerance
 
 LESSON = lessons.get("10")
@@ -64,18 +64,18 @@ LEARNED = tolerance(
     what="test accuracy of zero.py's sharded run, 2 ranks x 32, 2 epochs, the default lr 1e-2",
 )  # fmt: skip
 
-_calls: dict = {}
+_cases: dict = {}
 _runs: dict = {}
 
 
 @pytest.fixture
 def sharded(impl, tmp_path_factory):
     """(found, tensors) of the case `sharded_adamw`, run once per graded folder."""
-    if str(impl) not in _calls:
+    if str(impl) not in _cases:
         folder = tmp_path_factory.mktemp("cases")
-        _calls[str(impl)] = call_lesson(impl, LESSON, CASES, folder)
-    calls = _calls[str(impl)]
-    return calls("sharded_adamw"), calls.tensors("sharded_adamw")
+        _cases[str(impl)] = run_lesson_cases(impl, LESSON, CASES, folder)
+    cases = _cases[str(impl)]
+    return cases("sharded_adamw"), cases.tensors("sharded_adamw")
 
 
 @pytest.fixture(scope="module")
@@ -362,19 +362,19 @@ FSDP_ATOL = {
     )  # fmt: skip
     for dtype, high in (("fp32", 5e-6), ("bf16", 6.5e-3), ("fp16", 9e-4))
 }
-_fsdp_calls: dict = {}
+_fsdp_cases: dict = {}
 
 
 @pytest.fixture
 def fsdp(impl, tmp_path_factory):
     """({rank: notes by dtype}, tensors) of the case fsdp_gloo, run once per graded folder."""
-    if str(impl) not in _fsdp_calls:
+    if str(impl) not in _fsdp_cases:
         folder = tmp_path_factory.mktemp("fsdp-cases")
-        _fsdp_calls[str(impl)] = call_lesson(
+        _fsdp_cases[str(impl)] = run_lesson_cases(
             impl, LESSON, FSDP_CASES, folder, only=["fsdp_gloo"], script="fsdp.py"
         )
-    calls = _fsdp_calls[str(impl)]
-    return calls("fsdp_gloo")["notes"], calls.tensors("fsdp_gloo")
+    cases = _fsdp_cases[str(impl)]
+    return cases("fsdp_gloo")["notes"], cases.tensors("fsdp_gloo")
 
 
 def steps(notes: dict, dtype: str = "fp32", rank: int = 0) -> list[dict]:
@@ -549,8 +549,8 @@ def test_minifsdp_on_nccl_trains_like_one_process(impl, tmp_path_factory):
     """The same case with nccl on 2 GPUs: the fp32 weights as on gloo, bf16 gathers, half
     the bytes, the prefetch."""
     folder = tmp_path_factory.mktemp("fsdp-nccl")
-    calls = call_lesson(impl, LESSON, FSDP_CASES, folder, only=["fsdp_nccl"], script="fsdp.py")
-    got = (calls("fsdp_nccl")["notes"], calls.tensors("fsdp_nccl"))
+    cases = run_lesson_cases(impl, LESSON, FSDP_CASES, folder, only=["fsdp_nccl"], script="fsdp.py")
+    got = (cases("fsdp_nccl")["notes"], cases.tensors("fsdp_nccl"))
     for test in (
         test_minifsdp_trains_like_one_process_on_the_whole_batch,
         test_bf16_and_fp16_communicate_and_compute_in_that_dtype,
@@ -641,16 +641,18 @@ FSDP2_ATOL = tolerance(
     what="largest weight difference of FSDP2 on 2 ranks, and resumed on 3 and on 1, from "
     "AdamW in one process on the whole batch, after 5 steps",
 )  # fmt: skip
-_fsdp2_calls: dict = {}
+_fsdp2_cases: dict = {}
 
 
 @pytest.fixture
 def fsdp2(impl, tmp_path_factory):
     """The case script's results for shard() and for the checkpoint, run once per folder."""
-    if str(impl) not in _fsdp2_calls:
+    if str(impl) not in _fsdp2_cases:
         folder = tmp_path_factory.mktemp("fsdp2-cases")
-        _fsdp2_calls[str(impl)] = call_lesson(impl, LESSON, FSDP2_CASES, folder, script="fsdp2.py")
-    return _fsdp2_calls[str(impl)]
+        _fsdp2_cases[str(impl)] = run_lesson_cases(
+            impl, LESSON, FSDP2_CASES, folder, script="fsdp2.py"
+        )
+    return _fsdp2_cases[str(impl)]
 
 
 def shard_notes(fsdp2, setting: str, rank: int = 0) -> dict:

@@ -31,8 +31,8 @@ import pytest
 
 from course import lessons
 from course.grader import tripwires
+from course.grader.case_runs import run_lesson_cases
 from course.grader.draws import draw
-from course.grader.plugin import call_lesson
 from course.grader.tolerances import seed, tolerance
 from course.probes import comm_log
 
@@ -62,16 +62,16 @@ IDLE = tolerance(
     what="the stages' measured idle fraction of the step minus (p - 1)/(m + p - 1) = 1/3, "
     "GPipe and 1F1B",
 )  # fmt: skip
-_calls: dict = {}
+_cases: dict = {}
 _runs: dict = {}
 
 
 def _case(impl, tmp_path_factory, name: str):
     """The case `name` (by_hand or with_torch), run once per graded folder."""
-    if (str(impl), name) not in _calls:
+    if (str(impl), name) not in _cases:
         folder = tmp_path_factory.mktemp(name)
-        _calls[str(impl), name] = call_lesson(impl, LESSON, CASES, folder, only=[name])
-    return _calls[str(impl), name]
+        _cases[str(impl), name] = run_lesson_cases(impl, LESSON, CASES, folder, only=[name])
+    return _cases[str(impl), name]
 
 
 @pytest.fixture
@@ -89,8 +89,8 @@ def reference():
     return m.reference()
 
 
-def _per_rank(calls, case: str, name: str):
-    found, tensors = calls(case), calls.tensors(case)
+def _per_rank(cases, case: str, name: str):
+    found, tensors = cases(case), cases.tensors(case)
     steps = {r: found[str(r)][name] for r in range(m.STAGES)}
     prefix = f"{name}/grad/"
     grads = {}
@@ -100,9 +100,9 @@ def _per_rank(calls, case: str, name: str):
     return steps, grads, tensors.get(f"rank{m.STAGES - 1}/{name}/logits")
 
 
-def _check_exact(calls, case: str, name: str, reference) -> None:
+def _check_exact(cases, case: str, name: str, reference) -> None:
     loss, logits, want = reference
-    steps, grads, got_logits = _per_rank(calls, case, name)
+    steps, grads, got_logits = _per_rank(cases, case, name)
     missing = sorted(set(want) - set(grads))
     assert not missing, (
         f"{name}: after one step no stage has a gradient for {missing[:4]} (layer index."
@@ -466,13 +466,13 @@ TP_ATOL = {
 
 
 def _tp(impl, tmp_path_factory, name: str):
-    if (str(impl), "tp", name) not in _calls:
+    if (str(impl), "tp", name) not in _cases:
         folder = tmp_path_factory.mktemp(f"tp-{name}")
-        _calls[str(impl), "tp", name] = call_lesson(
+        _cases[str(impl), "tp", name] = run_lesson_cases(
             impl, LESSON, TP_CASES, folder, only=[name], script="tensor.py"
         )
-    calls = _calls[str(impl), "tp", name]
-    return calls(name), calls.tensors(name)
+    cases = _cases[str(impl), "tp", name]
+    return cases(name), cases.tensors(name)
 
 
 @pytest.fixture(scope="module")

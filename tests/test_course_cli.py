@@ -111,20 +111,20 @@ def test_commands_for_each_launcher(tmp_path):
     (tmp_path / "09_x").mkdir()
     (tmp_path / "09_x" / "s.py").write_text("")
     spawn = lessons.Lesson(launcher="spawn", **base)
-    command = cli.lesson_command(spawn, tmp_path, 2, "gloo", ["--max-steps", "3"])
+    command = lessons.lesson_command(spawn, tmp_path, 2, "gloo", ["--max-steps", "3"])
     assert command[1:] == [str(tmp_path / "09_x" / "s.py"), "--backend", "gloo", "--nproc", "2"] + [
         "--max-steps",
         "3",
     ]
     torchrun = lessons.Lesson(launcher="torchrun", **base)
-    command = cli.lesson_command(torchrun, tmp_path, 2, None, [])
+    command = lessons.lesson_command(torchrun, tmp_path, 2, None, [])
     assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    command = cli.lesson_command(torchrun, tmp_path, 2, None, [], max_restarts=1)
+    command = lessons.lesson_command(torchrun, tmp_path, 2, None, [], max_restarts=1)
     assert command[3:6] == ["--standalone", "--max-restarts=1", "--nproc_per_node=2"]
     with pytest.raises(ValueError, match="torchrun lessons only"):
-        cli.lesson_command(spawn, tmp_path, 2, None, [], max_restarts=1)
+        lessons.lesson_command(spawn, tmp_path, 2, None, [], max_restarts=1)
     with pytest.raises(ValueError, match="at least 1"):
-        cli.lesson_command(spawn, tmp_path, 0, None, [])
+        lessons.lesson_command(spawn, tmp_path, 0, None, [])
 
 
 def test_run_passes_arguments_after_dashes_to_the_script():
@@ -195,7 +195,7 @@ def test_grade_k_grades_one_exercise_and_every_exercise_names_its_own():
 def test_the_fsdp2_cases_graded_alone_pass_on_the_reference_every_time():
     """`course grade 10 -k "fsdp2_trains or resumes_on_3"`: the FSDP2 case is the first
     to fork ranks from the grader, and their first backward starts autograd's threads.
-    Before the ranks renewed their thread pool at once (course/grader/calls.py), 3 of 5
+    Before the ranks renewed their thread pool at once (course/grader/case_ranks.py), 3 of 5
     such gradings of the reference failed ("Invalid thread pool!", SIGABRT); three in a
     row now must all score full marks."""
     for attempt in range(3):

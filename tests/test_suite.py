@@ -132,18 +132,20 @@ def test_ci_runs_the_readmes_test_command_verbatim():
 def test_the_slowest_files_are_scheduled_first_and_the_gradings_last():
     """With -n 2 the workers take files in the items' order: the slowest first (a 40 s
     file that starts last leaves one worker alone at the end), the spread gradings last.
-    Every file the schedule names exists: a renamed file would silently drop to the end."""
+    Every file the schedule names exists: a renamed file would silently drop to the end.
+    The schedule is the course's own suite's (tests/conftest.py), not the grader's."""
     from pathlib import Path
     from types import SimpleNamespace
 
-    from course.grader import plugin
+    import conftest
 
     tests = Path(__file__).parent
-    assert not [name for name in (*plugin.SLOWEST, *plugin.SPREAD) if not (tests / name).is_file()]
+    named = (*conftest.SLOWEST, *conftest.SPREAD, *conftest.TOGETHER)
+    assert not [name for name in named if not (tests / name).is_file()]
     names = ["test_00_environment.py", "test_mutants.py", "test_course_cli.py"]
     names += ["test_grader_hangs.py", "test_browser.py", "test_grader.py", "test_site.py"]
     items = [SimpleNamespace(path=tests / name) for name in names]
-    plugin.in_schedule_order(items)
+    conftest.in_schedule_order(items)
     order = [item.path.name for item in items]
     assert order == [
         "test_browser.py", "test_site.py", "test_grader_hangs.py",

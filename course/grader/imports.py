@@ -2,9 +2,10 @@
 first test, so that a file that hangs or fails at import fails its own tests at once, named,
 and leaves the lesson's other exercises alone.
 
-    probe = ImportProbe("09", [oom.py, unused.py, hang.py, ...])   # the first one: the main file
-    probe.broken            # {path: the one line that says why}, of those that failed
-    probe.cancel_for(["hang.py"])   # the Cancel a test of hang.py runs under (course.launch)
+    check = ImportCheck("09", [oom.py, unused.py, hang.py, ...])   # the first one: the main file
+    check.broken            # {path: the one line that says why}, of those that failed
+    check.cancel_for(["hang.py"])   # the Cancel a test of hang.py runs under (course.launch)
+    import_check_for(item)  # the check of the lesson a test grades, made at its first test
 
 A test reads the lesson's main file and the exercises its `@pytest.mark.exercise("hang.py")`
 names. Its Cancel is set when one of those is broken: its launches never start and it fails
@@ -22,7 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from course import launch
+from course import lessons as registry
 from course.grader import submission
+from course.grader.rules import lesson_of
 
 # Importing a lesson file (torch included) took at most 2.2 s on an idle 2-core machine
 # and 6.0 s with four busy loops sharing its two cores (every solution, measured
@@ -46,7 +49,7 @@ _RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b:?.*
 def _import_file(path: Path) -> None:
     """_IMPORT, in a forked child of the grader (launch.forked)."""
     sys.argv = ["-c", str(path)]  # as `python -c _IMPORT path` sees them
-    exec(compile(_IMPORT, "<import probe>", "exec"), {"__name__": "__main__"})
+    exec(compile(_IMPORT, "<import check>", "exec"), {"__name__": "__main__"})
 
 
 def check(number: str, path: Path) -> str | None:
@@ -81,7 +84,7 @@ def check(number: str, path: Path) -> str | None:
     return None
 
 
-class ImportProbe:
+class ImportCheck:
     """Imports each of the lesson's files (`paths`, the main one first) in a child of its
     own, all at once, before the lesson's first test.
 
@@ -109,3 +112,40 @@ class ImportProbe:
                 cancel.set(self.broken[str(path)])
                 break
         return cancel
+
+
+# --- the checks of a grading: one per lesson, made before its first test ---
+
+_import_checks: dict[str, ImportCheck] = {}
+
+
+def import_check_for(item) -> ImportCheck | None:
+    """The import check of the lesson the test `item` grades (None: not a lesson's test, or
+    its file is missing, which its tests say in their own words)."""
+    number = lesson_of(item.path)
+    if number is None:
+        return None
+    if number not in _import_checks:
+        try:
+            lesson = registry.get(number)
+        except LookupError:
+            return None
+        path = lesson.path(item.config.course_impl)
+        if not path.is_file():
+            return None  # the tests say so in their own words
+        files = [path, *(path.with_name(e) for e in lesson.exercises if e != lesson.script)]
+        _import_checks[number] = ImportCheck(number, files)
+    return _import_checks[number]
+
+
+def lesson_cancel(number: str) -> launch.Cancel | None:
+    """The Cancel of lesson `number`'s shared launches and cases (they read its main file):
+    None before its import check ran (its first test's setup makes it)."""
+    check = _import_checks.get(number)
+    return check.cancel if check is not None else None
+
+
+def exercises_of(item) -> tuple[str, ...]:
+    """The files besides the main one a test reads: @pytest.mark.exercise("hang.py")."""
+    marker = item.get_closest_marker("exercise")
+    return tuple(marker.args) if marker is not None else ()

@@ -14,7 +14,7 @@ exactly as `launch.run` does, and gets the same `launch.RunResult`.
     with warm.Server(root) as server:
         result = server.run(command, timeout=300, cwd=root)
 
-`command` is a whole `python -m pytest ...` command (course.tools.cli.grade_command): its
+`command` is a whole `python -m pytest ...` command (the one `python -m course grade` runs): its
 pytest arguments are what the child runs, and the server starts it the ordinary way if
 the server cannot (it died, or this platform cannot fork).
 """
@@ -43,12 +43,12 @@ PRELOAD = (
     "torch._dynamo",  # for the gradings' zygotes (launch.fork_zygote): 3 s each, else
     "torch.multiprocessing",
     "torch.utils.data",
-    "course.grader.calls",
+    "course.grader.case_runs",
+    "course.grader.launches",
     "course.checkpoint",
     "course.grader.judge",
     "course.probes.weight_log",
     "course.probes.ddp_log",
-    "course.tools.cli",
 )
 
 

@@ -45,39 +45,12 @@ from course.tools.author import release
 from course.tools.verbs import AUTHOR, INSTRUCTOR, STUDENT, Verb, arg, parser
 
 
-def lesson_command(
-    lesson, impl_dir, nproc=None, backend=None, extra=(), max_restarts=None, rendezvous=None
-) -> list[str]:
-    """The command that launches `lesson` from `impl_dir`. For torchrun lessons,
-    `rendezvous` replaces --standalone with torchrun's multi-node options
-    (--nnodes, --rdzv_backend, --rdzv_endpoint, --rdzv_id)."""
-    script = lesson.path(impl_dir)
-    if lesson.exercises and extra and lesson.exercise(extra[0]):  # course run 09 hang ...
-        script, extra = script.with_name(lesson.exercise(extra[0])), list(extra[1:])
-    if not script.is_file():
-        raise FileNotFoundError(f"{script}: not found")
-    if not lesson.distributed and (nproc or backend):
-        raise ValueError(f"lesson {lesson.number} runs one process; --nproc/--backend don't apply")
-    if nproc is not None and nproc < 1:
-        raise ValueError(f"--nproc must be at least 1, got {nproc}")
-    if max_restarts is not None and (lesson.launcher != "torchrun" or max_restarts < 0):
-        raise ValueError("--max-restarts takes a number >= 0, for torchrun lessons only")
-    options = [*(["--backend", backend] if backend else [])]
-    if lesson.launcher == "torchrun":
-        launcher = [sys.executable, "-m", "torch.distributed.run"]
-        launcher += list(rendezvous) if rendezvous else ["--standalone"]
-        if max_restarts is not None:
-            launcher.append(f"--max-restarts={max_restarts}")
-        return [*launcher, f"--nproc_per_node={nproc or 1}", str(script), *options, *extra]
-    if lesson.launcher == "spawn" and nproc:
-        options += ["--nproc", str(nproc)]
-    return [sys.executable, str(script), *options, *extra]
-
-
 def _run(args) -> int:
     lesson = lessons.get(args.lesson)
     impl = lessons.resolve_impl(args.impl)
-    command = lesson_command(lesson, impl, args.nproc, args.backend, args.extra, args.max_restarts)
+    command = lessons.lesson_command(
+        lesson, impl, args.nproc, args.backend, args.extra, args.max_restarts
+    )
     if args.backend == "nccl":  # one line here, not the lesson's error inside torchrun's report
         from course import ranks
 

@@ -1,4 +1,4 @@
-"""Lesson 00's functions, called in a child process (course/grader/calls.py).
+"""Lesson 00's functions, called in a child process (course/grader/cases.py).
 
 Run by tests/test_00_environment.py as `python lesson_00.py LESSON_FILE OUT_DIR`.
 The CUDA-present cases pretend GPUs exist (unittest.mock), so they run anywhere;
@@ -14,7 +14,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
-from course.grader.calls import Cases, exits
+from course.grader.cases import Cases, exits
 
 cases = Cases()
 FUNCTIONS = ("cuda_device_count", "library_report", "pick_backend", "device_for", "main")

@@ -1,4 +1,4 @@
-"""Lesson 01's functions, called in a child process (course/grader/calls.py).
+"""Lesson 01's functions, called in a child process (course/grader/cases.py).
 
 Run by tests/test_01_single_device.py as `python lesson_01.py LESSON_FILE OUT_DIR`,
 in the test's own folder: the resume case writes its checkpoints there.
@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from course import checkpoint, models
-from course.grader.calls import Cases, Exit, Tensors, exits, raised
+from course.grader.cases import Cases, Exit, Tensors, exits, raised
 from course.grader.tolerances import seed
 
 cases = Cases()

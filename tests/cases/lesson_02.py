@@ -1,4 +1,4 @@
-"""Lesson 02's functions, called in a child process (course/grader/calls.py).
+"""Lesson 02's functions, called in a child process (course/grader/cases.py).
 
 Run by tests/test_02_data_parallel.py as `python lesson_02.py LESSON_FILE OUT_DIR`.
 """
@@ -17,7 +17,7 @@ import torch  # noqa: E402 - after hiding the GPUs
 from torch import nn  # noqa: E402
 
 from course import models  # noqa: E402
-from course.grader.calls import Cases, Tensors, raised  # noqa: E402
+from course.grader.cases import Cases, Tensors, raised  # noqa: E402
 
 cases = Cases()
 FUNCTIONS = ("wrap_model", "unwrap", "checkpoint_state", "restore", "main")

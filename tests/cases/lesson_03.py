@@ -1,11 +1,11 @@
-"""Lesson 03's functions, called in a child process (course/grader/calls.py) and in gloo
+"""Lesson 03's functions, called in a child process (course/grader/cases.py) and in gloo
 ranks forked from it.
 
 Run by tests/test_03_ddp_spawn.py as `python lesson_03.py LESSON_FILE OUT_DIR`. The
 `train_in_two_ranks` case calls setup() and train() in two forked ranks, without
 mp.spawn: what the whole launches of test_03 check end to end (the grader's one-process
 result, each rank's own shard, one writer), one function at a time, for a fraction of a
-launch's start-up cost (course/grader/calls.py, Cases.spawn).
+launch's start-up cost (course/grader/cases.py, Cases.spawn).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from course import checkpoint
-from course.grader.calls import Cases, Tensors, raised
+from course.grader.cases import Cases, Tensors, raised
 from course.grader.tolerances import seed
 
 cases = Cases()

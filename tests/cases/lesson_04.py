@@ -1,4 +1,4 @@
-"""Lesson 04's functions, called in a child process (course/grader/calls.py) and in gloo
+"""Lesson 04's functions, called in a child process (course/grader/cases.py) and in gloo
 ranks forked from it.
 
 Run by tests/test_04_torchrun.py as `python lesson_04.py LESSON_FILE OUT_DIR`. The
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from course import checkpoint, models, ranks
-from course.grader.calls import Cases, Tensors, raised
+from course.grader.cases import Cases, Tensors, raised
 from course.grader.tolerances import seed
 
 cases = Cases()

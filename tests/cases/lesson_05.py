@@ -1,4 +1,4 @@
-"""Lesson 05's ring all-reduce, called in ranks started by a child process (course/grader/calls.py).
+"""Lesson 05's ring all-reduce, called in ranks started by a child process (course/grader/cases.py).
 
 Run by tests/test_05_collectives.py as `python lesson_05.py LESSON_FILE OUT_DIR`. Each case
 starts `world` gloo ranks with mp.spawn; every rank loads the lesson file, fills its tensor
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from course import launch, ranks
-from course.grader.calls import Cases, Tensors
+from course.grader.cases import Cases, Tensors
 
 cases = Cases()
 SIZES = (1, 5, 1000, 4099)  # fewer values than ranks, uneven splits, odd lengths

@@ -1,4 +1,4 @@
-"""Lesson 06's MiniDDP, driven in ranks started by a child process (course/grader/calls.py).
+"""Lesson 06's MiniDDP, driven in ranks started by a child process (course/grader/cases.py).
 
 Run by tests/test_06_ddp_from_scratch.py as `python lesson_06.py LESSON_FILE OUT_DIR`. A case
 starts `world` ranks with mp.spawn. Every rank counts the calls of dist.all_reduce (patched
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lesson_06_models as m  # noqa: E402
 
 from course import ranks  # noqa: E402
-from course.grader.calls import Cases, Tensors  # noqa: E402
+from course.grader.cases import Cases, Tensors  # noqa: E402
 
 cases = Cases()
 SCENARIOS = (

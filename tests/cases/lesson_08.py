@@ -1,5 +1,5 @@
 """Lesson 08's train_one_epoch, called in two gloo ranks forked from a child process
-(course/grader/calls.py).
+(course/grader/cases.py).
 
 Run by tests/test_08_performance.py as `python lesson_08.py LESSON_FILE OUT_DIR`. Each rank
 wraps lesson 01's small CNN (no BatchNorm: no buffers to keep in step) in DDP, counts the
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from course import models, ranks
-from course.grader.calls import Cases, Tensors
+from course.grader.cases import Cases, Tensors
 from course.grader.tolerances import seed
 
 cases = Cases()

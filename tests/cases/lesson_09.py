@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from course import data, launch, memory, models, ranks
 from course.grader import submission
-from course.grader.calls import Cases, Tensors
+from course.grader.cases import Cases, Tensors
 from course.grader.draws import draw, shuffled
 from course.grader.tolerances import seed
 

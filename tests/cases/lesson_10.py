@@ -1,5 +1,5 @@
 """Lesson 10's ShardedOptimizer, driven in two gloo ranks forked from a child process
-(course/grader/calls.py).
+(course/grader/cases.py).
 
 Run by tests/test_10_sharding.py as `python lesson_10.py LESSON_FILE OUT_DIR`. Each rank
 builds the grader's TinyLM (tests/cases/lesson_10_models.py) from the same seed, wraps
@@ -36,7 +36,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 sys.path.insert(0, str(Path(__file__).parent))
 import lesson_10_models as m  # noqa: E402
 
-from course.grader.calls import Cases, Tensors  # noqa: E402
+from course.grader.cases import Cases, Tensors  # noqa: E402
 from course.grader.tripwires import Tripwires, naming_shortcuts  # noqa: E402
 
 # What would do ZeRO for the student: PyTorch's own stage 1, or FSDP.

@@ -1,5 +1,5 @@
 """Lesson 10's MiniFSDP, driven in two ranks forked from a child process
-(course/grader/calls.py).
+(course/grader/cases.py).
 
 Run by tests/test_10_sharding.py as `python lesson_10_fsdp.py LESSON_FILE OUT_DIR`. Each
 rank builds the grader's TinyLM (tests/cases/lesson_10_models.py) from the same seed,
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).parent))
 import lesson_10_models as m  # noqa: E402
 
-from course.grader.calls import Cases, Tensors  # noqa: E402
+from course.grader.cases import Cases, Tensors  # noqa: E402
 from course.grader.comm import CommRecorder  # noqa: E402
 
 cases = Cases()

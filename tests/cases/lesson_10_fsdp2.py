@@ -1,5 +1,5 @@
 """Lesson 10's FSDP2 and distributed-checkpoint functions, driven in ranks forked from a
-child process (course/grader/calls.py).
+child process (course/grader/cases.py).
 
 Run by tests/test_10_sharding.py as `python lesson_10_fsdp2.py LESSON_FILE OUT_DIR`. The
 model, the optimizer (AdamW), the data and the steps are the grader's, from
@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor
 sys.path.insert(0, str(Path(__file__).parent))
 import lesson_10_models as m  # noqa: E402
 
-from course.grader.calls import Cases, Tensors  # noqa: E402
+from course.grader.cases import Cases, Tensors  # noqa: E402
 
 cases = Cases()
 

@@ -1,5 +1,5 @@
 """Lesson 11's pipeline schedules, driven in three gloo ranks forked from a child process
-(course/grader/calls.py).
+(course/grader/cases.py).
 
 Run by tests/test_11_model_parallel.py as `python lesson_11.py LESSON_FILE OUT_DIR`. Each
 rank builds its stage of the grader's model (tests/cases/lesson_11_models.py), a `Costly`
@@ -30,7 +30,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).parent))
 import lesson_11_models as m  # noqa: E402
 
-from course.grader.calls import Cases, Tensors  # noqa: E402
+from course.grader.cases import Cases, Tensors  # noqa: E402
 from course.grader.comm import CommRecorder  # noqa: E402
 from course.grader.tripwires import PIPELINING, Tripwires, naming_shortcuts  # noqa: E402
 

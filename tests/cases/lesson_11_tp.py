@@ -1,5 +1,5 @@
 """Lesson 11's tensor parallelism, driven in two gloo ranks forked from a child process
-(course/grader/calls.py).
+(course/grader/cases.py).
 
 Run by tests/test_11_model_parallel.py as `python lesson_11_tp.py LESSON_FILE OUT_DIR`.
 Each rank builds the grader's block (tests/cases/lesson_11_models.py), splits it with the
@@ -22,7 +22,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).parent))
 import lesson_11_models as m  # noqa: E402
 
-from course.grader.calls import Cases, Tensors  # noqa: E402
+from course.grader.cases import Cases, Tensors  # noqa: E402
 
 cases = Cases()
 REQUIRES = ("ParallelBlock", "parallelize")

@@ -1,10 +1,10 @@
-"""course.grader.calls: what a case script reports when the submission fails in spawned ranks."""
+"""course.grader.cases: what a case script reports when the submission fails in spawned ranks."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from course.grader import calls
+from course.grader import case_ranks, cases
 
 LESSON = Path("/course/lessons/05_collectives/collectives.py")
 
@@ -43,7 +43,7 @@ class ProcessRaisedException(Exception):
 
 
 def test_a_ranks_exception_is_reported_in_one_line_with_the_lesson_line():
-    got = calls._error(ProcessRaisedException(SPAWN_MESSAGE), LESSON)
+    got = cases._error(ProcessRaisedException(SPAWN_MESSAGE), LESSON)
     assert got == {
         "type": "NotImplementedError",
         "message": "on rank 1: TODO at 05_collectives/collectives.py:83 is not done yet",
@@ -52,7 +52,7 @@ def test_a_ranks_exception_is_reported_in_one_line_with_the_lesson_line():
 
 
 def test_a_ranks_timeout_keeps_its_words_and_drops_the_cpp_frames():
-    got = calls._error(ProcessRaisedException(TIMEOUT_MESSAGE), LESSON)
+    got = cases._error(ProcessRaisedException(TIMEOUT_MESSAGE), LESSON)
     assert got["type"] == "DistBackendError" and got["where"] is None
     assert "Timed out waiting 45000ms" in got["message"] and "frame #0" not in got["message"]
 
@@ -61,7 +61,7 @@ def test_other_exceptions_keep_their_message_and_line():
     try:
         raise ValueError("plain")
     except ValueError as err:
-        got = calls._error(err, Path(__file__))
+        got = cases._error(err, Path(__file__))
     assert got["type"] == "ValueError" and got["message"] == "plain"
     assert got["where"].startswith(Path(__file__).name + ":")
 
@@ -73,12 +73,12 @@ def test_a_timeout_on_any_rank_is_reported_when_its_peer_failed_first(tmp_path):
     import pytest
 
     with pytest.raises(RuntimeError):
-        calls._noting_errors(1, _raises, str(tmp_path), "Timed out waiting 10000ms for recv")
+        case_ranks._noting_errors(1, _raises, str(tmp_path), "Timed out waiting 10000ms for recv")
     assert "Timed out" in (tmp_path / "rank1.txt").read_text()
     peer = RuntimeError("Connection closed by peer [127.0.0.1]:1234")
-    assert calls._timeout_among(peer, tmp_path).startswith("rank 1: RuntimeError: Timed out")
-    assert calls._timeout_among(RuntimeError("Timed out waiting"), tmp_path) == ""
-    assert calls._timeout_among(peer, tmp_path / "none") is None
+    assert case_ranks.timeout_among(peer, tmp_path).startswith("rank 1: RuntimeError: Timed out")
+    assert case_ranks.timeout_among(RuntimeError("Timed out waiting"), tmp_path) == ""
+    assert case_ranks.timeout_among(peer, tmp_path / "none") is None
 
 
 def _raises(rank: int, message: str) -> None:
@@ -89,26 +89,26 @@ def test_a_rank_that_aborts_in_cpp_is_reported_with_its_own_line(tmp_path):
     """mp.spawn says only "terminated with signal SIGABRT"; the rank's stderr has gloo's
     reason, and a size mismatch gets its cause."""
     err = RuntimeError("process 1 terminated with signal SIGABRT")
-    assert calls._native_error(err, tmp_path) is None  # nothing written: nothing claimed
+    assert case_ranks.native_error(err, tmp_path) is None  # nothing written: nothing claimed
     (tmp_path / "rank1.err").write_text(
         "some warning\nterminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
         "  what():  [enforce fail at pair.cc:464] op.preamble.length <= op.nbytes. 8 vs 4.\n"
     )
-    text = calls._native_error(err, tmp_path)
+    text = case_ranks.native_error(err, tmp_path)
     assert text.startswith("rank 1 died of SIGABRT; its last error line: what():")
     assert "8 vs 4" in text and "different sizes" in text
     (tmp_path / "rank1.err").write_text("  what():  std::bad_alloc\n")
-    other = calls._native_error(err, tmp_path)
+    other = case_ranks.native_error(err, tmp_path)
     assert "bad_alloc" in other and "different sizes" not in other
-    assert calls._native_error(RuntimeError("process 1 exited with code 1"), tmp_path) is None
+    assert case_ranks.native_error(RuntimeError("process 1 exited with code 1"), tmp_path) is None
 
 
 def test_a_rank_killed_by_a_signal_is_reported_before_its_peers_symptom():
     """gloo aborts the rank that got a message too large for its buffer; its peer raises
     "Connection reset by peer". When both have ended by the grader's next look, the report
     names the aborted rank, whatever its number."""
-    assert calls._cause([1, -6]) == 1  # the peer raised, rank 1 died of SIGABRT
-    assert calls._cause([-6, 1]) == 0
-    assert calls._cause([1, None]) == 0  # one failure so far: that one
-    assert calls._cause([0, 1, 1]) == 1  # several raised: the lowest rank, as mp.spawn does
-    assert calls._cause([None, 0]) is None and calls._cause([0, 0]) is None
+    assert case_ranks._cause([1, -6]) == 1  # the peer raised, rank 1 died of SIGABRT
+    assert case_ranks._cause([-6, 1]) == 0
+    assert case_ranks._cause([1, None]) == 0  # one failure so far: that one
+    assert case_ranks._cause([0, 1, 1]) == 1  # several raised: the lowest rank, as mp.spawn does
+    assert case_ranks._cause([None, 0]) is None and case_ranks._cause([0, 0]) is None
