@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course import lessons
+from course import registry
 from course.grader.case_runs import run_lesson_cases
 
-LESSON = lessons.get("00")
+LESSON = registry.get("00")
 CASES = Path(__file__).with_name("cases") / "lesson_00.py"
 
 

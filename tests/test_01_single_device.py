@@ -17,14 +17,14 @@ import pytest
 import torch
 from torch import nn
 
-from course import checkpoint, data, lessons, models
+from course import checkpoint, data, models, registry
 from course.grader import judge
 from course.grader.case_runs import run_lesson_cases
 from course.grader.tolerances import seed, tolerance
 from course.probes import batch_log, write_log
 from course.probes.write_log import WRITE_LOG_ENV
 
-LESSON = lessons.get("01")
+LESSON = registry.get("01")
 CASES = Path(__file__).with_name("cases") / "lesson_01.py"
 CHECKPOINT_KEYS = {"model", "optimizer", "epoch", "step", "rng"}
 # The reference_recipe case (tests/cases/lesson_01.py) against the grader's own training

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import checkpoint, lessons, models
+from course import checkpoint, models, registry
 from course.grader import judge
 from course.grader.case_runs import run_lesson_cases
 from course.grader.tolerances import seed, tolerance
 
-LESSON = lessons.get("02")
+LESSON = registry.get("02")
 LEARNED = tolerance(
     "02.learned", low=0.9, seeds=tuple(range(6)),
     test="test_script_trains_on_cpu_and_says_it_is_not_data_parallel",

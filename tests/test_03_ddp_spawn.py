@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from course import checkpoint, lessons, models
+from course import checkpoint, models, registry
 from course.grader import judge
 from course.grader.case_runs import run_lesson_cases
 from course.grader.launches import needed
@@ -42,7 +42,7 @@ from course.probes.batch_log import LOG_ENV as BATCH_ENV
 from course.probes.weight_log import LOG_ENV as REPLICA_ENV
 from course.probes.write_log import WRITE_LOG_ENV
 
-LESSON = lessons.get("03")
+LESSON = registry.get("03")
 CASES = Path(__file__).with_name("cases") / "lesson_03.py"
 PER_RANK_BATCH, EPOCHS, TRAIN_IMAGES = 64, 2, 1438  # digits' fixed train split
 STEPS = EPOCHS * -(-TRAIN_IMAGES // (2 * PER_RANK_BATCH))  # 12 steps an epoch

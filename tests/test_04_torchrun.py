@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import checkpoint, lessons
+from course import checkpoint, registry
 from course.grader import judge
 from course.grader.case_runs import run_lesson_cases
 from course.grader.launches import needed
@@ -54,7 +54,7 @@ from course.probes.weight_log import LOG_ENV as REPLICA_ENV
 from course.probes.write_log import WRITE_LOG_ENV
 from course.ranks import free_port
 
-LESSON = lessons.get("04")
+LESSON = registry.get("04")
 CASES = Path(__file__).with_name("cases") / "lesson_04.py"
 STEPS, EVERY = 46, 4  # 2 epochs of ceil(1438 / (2 x 32)) steps
 KILL_EVERY, KILL_STEPS = 3, (5, 4)  # the kill run: snapshot period, kills per attempt
@@ -83,7 +83,7 @@ _runs: dict = {}
 def torchrun(launcher, impl, backend, folder, restarts, env=None, every=EVERY, nproc=2):
     """One torchrun launch of the lesson in `folder` (an empty folder)."""
     args = [*ARGS[:-4], "--snapshot-every", str(every), *ARGS[-2:]]
-    command = lessons.lesson_command(LESSON, impl, nproc, backend, args, max_restarts=restarts)
+    command = registry.command(LESSON, impl, nproc, backend, args, max_restarts=restarts)
 
     def fresh():  # before a second launch: the folder as the first one found it
         for path in folder.iterdir():
@@ -104,7 +104,7 @@ def two_nodes(launcher, impl, backend, folder):
     meeting at a c10d rendezvous on loopback, as `torchrun --nnodes 2` on two hosts would."""
     rendezvous = ["--nnodes=2", "--rdzv_backend=c10d", "--rdzv_id=ref"]
     rendezvous.append(f"--rdzv_endpoint=127.0.0.1:{free_port()}")
-    command = lessons.lesson_command(LESSON, impl, 1, backend, ARGS, rendezvous=rendezvous)
+    command = registry.command(LESSON, impl, 1, backend, ARGS, rendezvous=rendezvous)
     env = {WRITE_LOG_ENV: str(folder / "writes.log"), REPLICA_ENV: str(folder / "replicas")}
     (folder / "replicas").mkdir()
     jobs = {}

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import lessons
+from course import registry
 from course.grader.case_runs import CaseFailed, run_lesson_cases
 from course.grader.launches import needed
 
-LESSON = lessons.get("05")
+LESSON = registry.get("05")
 CASES = Path(__file__).with_name("cases") / "lesson_05.py"
 SIZES = (1, 5, 1000, 4099)
 LARGE = 1 << 22

@@ -29,14 +29,14 @@ from pathlib import Path
 
 import pytest
 
-from course import checkpoint, lessons
+from course import checkpoint, registry
 from course.grader import judge
 from course.grader.case_runs import CaseFailed, run_lesson_cases
 from course.grader.tolerances import seed, tolerance
 from course.probes import weight_log
 from course.probes.weight_log import LOG_ENV as REPLICA_ENV
 
-LESSON = lessons.get("06")
+LESSON = registry.get("06")
 CASES = Path(__file__).with_name("cases") / "lesson_06.py"
 _spec = importlib.util.spec_from_file_location(
     "lesson_06_models", CASES.with_name("lesson_06_models.py")

@@ -26,12 +26,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import lessons
+from course import registry
 from course.grader.launches import needed, shared
 from course.probes import connect_log
 from course.ranks import free_port
 
-LESSON = lessons.get("07")
+LESSON = registry.get("07")
 JOB = Path(__file__).with_name("cases") / "lesson_07_job.py"
 FAILS = JOB.with_name("lesson_07_fails.py")
 TORCHRUN_FAILED = 1  # torchrun's exit code when a process of its job failed (ChildFailedError)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from course import checkpoint, lessons
+from course import checkpoint, registry
 from course.grader import judge
 from course.grader.case_runs import run_lesson_cases
 from course.grader.launches import needed
@@ -47,7 +47,7 @@ from course.probes.ddp_log import LOG_ENV as DDP_ENV
 from course.probes.weight_log import LOG_ENV as REPLICA_ENV
 from course.probes.write_log import WRITE_LOG_ENV
 
-LESSON = lessons.get("08")
+LESSON = registry.get("08")
 STEPS, MICRO, K, WORLD = 20, 8, 4, 2  # `acc`: 20 steps of 4 x 8 images per rank
 # `acc` runs with a --seed and an --lr that are not the defaults (0 and 0.05,
 # course/options.py), so a script that ignores either ends far from the reference.

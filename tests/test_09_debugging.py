@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler, RandomSampler
 
-from course import data, launch, lessons, memory, models
+from course import data, launch, memory, models, registry
 from course.grader.case_runs import run_lesson_cases
 from course.grader.draws import draw
 from course.grader.launches import needed, shared
@@ -49,7 +49,7 @@ from course.grader.tolerances import seed, tolerance
 from course.probes import step_clock
 from course.ranks import free_port
 
-LESSON = lessons.get("09")
+LESSON = registry.get("09")
 CASES = Path(__file__).with_name("cases") / "lesson_09.py"
 CASE_NAMES = ("memory_steps", "unused_gradients", "unused_ddp", "hang_fixed", "hang_diagnosis",
               "hang_flight_records", "silent")  # fmt: skip

@@ -33,12 +33,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from course import lessons
+from course import registry
 from course.grader import tripwires
 from course.grader.case_runs import run_lesson_cases
 from course.grader.tolerances import seed, tolerance
 
-LESSON = lessons.get("10")
+LESSON = registry.get("10")
 CASES = Path(__file__).with_name("cases") / "lesson_10.py"
 _spec = importlib.util.spec_from_file_location(
     "lesson_10_models", CASES.with_name("lesson_10_models.py")

@@ -29,14 +29,14 @@ from pathlib import Path
 
 import pytest
 
-from course import lessons
+from course import registry
 from course.grader import tripwires
 from course.grader.case_runs import run_lesson_cases
 from course.grader.draws import draw
 from course.grader.tolerances import seed, tolerance
 from course.probes import comm_log
 
-LESSON = lessons.get("11")
+LESSON = registry.get("11")
 CASES = Path(__file__).with_name("cases") / "lesson_11.py"
 _spec = importlib.util.spec_from_file_location(
     "lesson_11_models", CASES.with_name("lesson_11_models.py")

@@ -19,9 +19,9 @@ import zipfile
 import pytest
 import torch
 
-from course import REPO_ROOT, launch, lessons
+from course import REPO_ROOT, launch, registry
 
-LESSON = lessons.get("00")
+LESSON = registry.get("00")
 FOLDER = LESSON.path("lessons").parent.name
 
 FORGE = """

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from course import REPO_ROOT, launch, lessons
+from course import REPO_ROOT, launch, registry
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (the dev extras)")
 
@@ -42,7 +42,7 @@ def test_one_step_per_lesson_worth_its_cpu_points_and_a_reporter_of_them_all(wor
         step = steps[f"lesson-{number}"]
         assert step["uses"].startswith("classroom-resources/autograding-command-grader@")
         assert step["with"]["command"] == f"python -m course grade {number}"
-        assert step["with"]["test-name"].startswith(f"{number} {lessons.get(number).title}")
+        assert step["with"]["test-name"].startswith(f"{number} {registry.get(number).title}")
         assert step["with"]["max-score"] == points, (number, step["with"])
     reporter = job["steps"][-1]
     assert reporter["uses"].startswith("classroom-resources/autograding-grading-reporter@")
@@ -58,7 +58,7 @@ def student_repo(root: Path, solved: bool) -> Path:
     for name in ("course", "tests"):
         shutil.copytree(REPO_ROOT / name, root / name, ignore=shutil.ignore_patterns("mutants"))
     shutil.copy(REPO_ROOT / "pyproject.toml", root)  # pytest's settings: the grader plugin
-    folder = lessons.get("00").path("lessons").parent.name
+    folder = registry.get("00").path("lessons").parent.name
     source = REPO_ROOT / ("solutions" if solved else "lessons") / folder
     shutil.copytree(source, root / "lessons" / folder)
     return root

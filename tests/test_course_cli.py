@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from course import REPO_ROOT, launch, lessons
+from course import REPO_ROOT, launch, registry
 from course.runtime import visible_gpus
 from course.tools import cli
 
@@ -39,22 +39,22 @@ def test_bad_arguments_give_one_line_and_exit_2(args, says, capsys):
 
 
 def test_an_unknown_lesson_is_one_line_even_after_the_registry_was_reloaded(capsys):
-    """`mkdocs serve` reloads course.lessons, which makes a new UnknownLesson class; the
+    """`mkdocs serve` reloads course.registry, which makes a new UnknownLesson class; the
     command line must catch the class of the day, not the one it saw at import."""
     import importlib
 
-    snapshot = dict(lessons.__dict__)
+    snapshot = dict(registry.__dict__)
     try:
-        importlib.reload(lessons)
+        importlib.reload(registry)
         assert cli.main(["run", "42"]) == 2
         assert cli.main(["grading-cost", "--lessons", "42"]) == 2
     finally:
-        lessons.__dict__.update(snapshot)
+        registry.__dict__.update(snapshot)
     err = capsys.readouterr().err
     assert err.count("no lesson '42'") == 2, err
 
 
-@pytest.mark.parametrize("number", [n.number for n in lessons.LESSONS if n.distributed])
+@pytest.mark.parametrize("number", [n.number for n in registry.LESSONS if n.distributed])
 def test_run_with_nccl_and_no_gpu_is_one_line_before_any_launch(number, capsys, monkeypatch):
     """`course run NN --backend nccl` on a machine without GPUs: one line, exit 2, and no
     launch (torchrun would wrap the lesson's own error in its report)."""
@@ -76,7 +76,7 @@ def test_lesson_scripts_with_nccl_and_no_gpu_say_so_in_one_line(tmp_path):
         n: dict(
             args=[
                 sys.executable,
-                str(lessons.get(n).path(REPO_ROOT / "solutions")),
+                str(registry.get(n).path(REPO_ROOT / "solutions")),
                 "--backend",
                 "nccl",
             ],
@@ -95,7 +95,7 @@ def test_lesson_scripts_with_nccl_and_no_gpu_say_so_in_one_line(tmp_path):
 def test_list_shows_every_lesson(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
-    for lesson in lessons.LESSONS:
+    for lesson in registry.LESSONS:
         assert lesson.number in out and lesson.title in out
         # a column each: the longest title still ends before the level starts
         row = re.escape(lesson.number) + r"\s+" + re.escape(lesson.title) + r"\s{2,}"
@@ -110,21 +110,21 @@ def test_commands_for_each_launcher(tmp_path):
     base = dict(number="09", slug="09_x", title="x", level="x", script="s.py", summary="x")
     (tmp_path / "09_x").mkdir()
     (tmp_path / "09_x" / "s.py").write_text("")
-    spawn = lessons.Lesson(launcher="spawn", **base)
-    command = lessons.lesson_command(spawn, tmp_path, 2, "gloo", ["--max-steps", "3"])
+    spawn = registry.Lesson(launcher="spawn", **base)
+    command = registry.command(spawn, tmp_path, 2, "gloo", ["--max-steps", "3"])
     assert command[1:] == [str(tmp_path / "09_x" / "s.py"), "--backend", "gloo", "--nproc", "2"] + [
         "--max-steps",
         "3",
     ]
-    torchrun = lessons.Lesson(launcher="torchrun", **base)
-    command = lessons.lesson_command(torchrun, tmp_path, 2, None, [])
+    torchrun = registry.Lesson(launcher="torchrun", **base)
+    command = registry.command(torchrun, tmp_path, 2, None, [])
     assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    command = lessons.lesson_command(torchrun, tmp_path, 2, None, [], max_restarts=1)
+    command = registry.command(torchrun, tmp_path, 2, None, [], max_restarts=1)
     assert command[3:6] == ["--standalone", "--max-restarts=1", "--nproc_per_node=2"]
     with pytest.raises(ValueError, match="torchrun lessons only"):
-        lessons.lesson_command(spawn, tmp_path, 2, None, [], max_restarts=1)
+        registry.command(spawn, tmp_path, 2, None, [], max_restarts=1)
     with pytest.raises(ValueError, match="at least 1"):
-        lessons.lesson_command(spawn, tmp_path, 0, None, [])
+        registry.command(spawn, tmp_path, 0, None, [])
 
 
 def test_run_passes_arguments_after_dashes_to_the_script():
@@ -246,15 +246,15 @@ def test_the_assistants_policy_names_only_real_commands():
 
 
 def test_the_registry_answers_which_tests_grade_each_lesson(tmp_path):
-    """lessons.test_files: each lesson's own files (by Lesson or number), every lesson's
+    """registry.tests: each lesson's own files (by Lesson or number), every lesson's
     together, none shared; under another root, that root's."""
-    every = lessons.test_files()
-    per = [lessons.test_files(lesson) for lesson in lessons.LESSONS]
+    every = registry.tests()
+    per = [registry.tests(lesson) for lesson in registry.LESSONS]
     assert all(per) and sorted(p for files in per for p in files) == every
-    assert lessons.test_files("10") == lessons.test_files(lessons.get("10"))
+    assert registry.tests("10") == registry.tests(registry.get("10"))
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_03_mine.py").write_text("")
-    assert [p.name for p in lessons.test_files("03", tmp_path)] == ["test_03_mine.py"]
+    assert [p.name for p in registry.tests("03", tmp_path)] == ["test_03_mine.py"]
 
 
 def _listed_verbs(help_text: str) -> list[tuple[str, str, str]]:

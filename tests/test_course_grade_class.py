@@ -14,9 +14,9 @@ import json
 import shutil
 import sys
 
-from course import REPO_ROOT, launch, lessons
+from course import REPO_ROOT, launch, registry
 
-LESSON = lessons.get("00")
+LESSON = registry.get("00")
 FOLDER = LESSON.path("lessons").parent.name
 
 HOSTILE = """

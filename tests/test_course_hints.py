@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from course import REPO_ROOT, launch, lessons
+from course import REPO_ROOT, launch, registry
 from course.tools.author import release
 from course.tools.student import hints
 
-WITH_TODOS = [lesson for lesson in lessons.LESSONS if hints.todos(lesson)]
+WITH_TODOS = [lesson for lesson in registry.LESSONS if hints.todos(lesson)]
 
 
 def hint_command(*args, cwd=REPO_ROOT):
@@ -25,7 +25,7 @@ def test_every_lesson_ships_its_hints_next_to_the_starter():
     """Every TODO of every starter file is in hints.json with its goal and two hints or
     more: a `raise NotImplementedError` names its TODO, and a planted bug (lesson 09)
     starts at the line its TODO names."""
-    assert [lesson.number for lesson in WITH_TODOS] == [x.number for x in lessons.LESSONS]
+    assert [lesson.number for lesson in WITH_TODOS] == [x.number for x in registry.LESSONS]
     for lesson in WITH_TODOS:
         folder = lesson.path(REPO_ROOT / "lessons").parent
         files = {f"{lesson.slug}/{name}": (folder / name).read_text()
@@ -79,7 +79,7 @@ def test_convert_collects_goal_and_hints_and_drops_them_from_the_starter():
 
 
 def test_hint_walks_through_the_todos_as_they_are_solved(tmp_path):
-    lesson = lessons.get("01")
+    lesson = registry.get("01")
     folder = lesson.path(REPO_ROOT / "lessons").parent
     impl = tmp_path / "impl"
     shutil.copytree(folder, impl / folder.name)
@@ -108,7 +108,7 @@ def test_hint_reaches_every_script_of_a_lesson_with_several(tmp_path):
     """Lesson 10 has three scripts: `hint 10 fsdp2` gives fsdp2.py's next TODO while zero.py's
     are still open, the first line counts what each other script has left, and a script
     whose TODOs are all done says so by name."""
-    lesson = lessons.get("10")
+    lesson = registry.get("10")
     folder = lesson.path(REPO_ROOT / "lessons").parent
     impl = tmp_path / "impl"
     shutil.copytree(folder, impl / folder.name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from course import REPO_ROOT, lessons
+from course import REPO_ROOT, registry
 from course.tools.author import release
 
 SOLUTION = """def area(r):
@@ -120,13 +120,13 @@ def test_release_writes_and_removes_files(tmp_path):
 def test_every_lesson_folder_is_registered_with_its_script_and_tests():
     folders = {p.name for p in (REPO_ROOT / "solutions").iterdir() if p.is_dir()}
     folders.discard("__pycache__")
-    assert folders == {lesson.slug for lesson in lessons.LESSONS}
-    for lesson in lessons.LESSONS:
+    assert folders == {lesson.slug for lesson in registry.LESSONS}
+    for lesson in registry.LESSONS:
         assert lesson.slug.startswith(lesson.number + "_")
-        assert lesson.launcher in lessons.LAUNCHERS
+        assert lesson.launcher in registry.LAUNCHERS
         assert lesson.path(REPO_ROOT / "solutions").is_file()
         assert lesson.path(REPO_ROOT / "lessons").is_file()
-        assert lessons.test_files(lesson), lesson.number
+        assert registry.tests(lesson), lesson.number
         source = lesson.path(REPO_ROOT / "solutions").read_text()
         assert source.startswith('"""') and "python " in source.split('"""')[1], (
             f"{lesson.slug}: the docstring must open with the commands that run it"
@@ -134,6 +134,6 @@ def test_every_lesson_folder_is_registered_with_its_script_and_tests():
 
 
 def test_lookup_by_number_or_slug():
-    assert lessons.get(0) is lessons.get("00") is lessons.get("00_environment")
-    with pytest.raises(lessons.UnknownLesson, match="python -m course list"):
-        lessons.get("99")
+    assert registry.get(0) is registry.get("00") is registry.get("00_environment")
+    with pytest.raises(registry.UnknownLesson, match="python -m course list"):
+        registry.get("99")

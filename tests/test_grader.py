@@ -19,7 +19,7 @@ import time
 import pytest
 
 import course
-from course import REPO_ROOT, launch, lessons
+from course import REPO_ROOT, launch, registry
 from course.grader import warm
 
 
@@ -42,7 +42,7 @@ def grade(grader, tmp_path, files, *options, timeout=300):
 
 
 def lesson_test_files(lesson):
-    return lessons.test_files(lesson)
+    return registry.tests(lesson)
 
 
 def copy_solutions(tmp_path):
@@ -54,7 +54,7 @@ def copy_solutions(tmp_path):
 
 
 @pytest.mark.mutation
-@pytest.mark.parametrize("lesson", lessons.LESSONS, ids=lambda lesson: lesson.number)
+@pytest.mark.parametrize("lesson", registry.LESSONS, ids=lambda lesson: lesson.number)
 def test_every_starter_fails_its_core_tests(grader, tmp_path, lesson):
     results, run = grade(
         grader, tmp_path, lesson_test_files(lesson), "--impl=lessons", "-m", "core"
@@ -69,7 +69,9 @@ def test_every_starter_fails_its_core_tests(grader, tmp_path, lesson):
 
 
 def test_solutions_earn_full_points_and_json_has_gradescope_shape(grader, tmp_path):
-    results, run = grade(grader, tmp_path, lesson_test_files(lessons.get("00")), "--impl=solutions")
+    results, run = grade(
+        grader, tmp_path, lesson_test_files(registry.get("00")), "--impl=solutions"
+    )
     assert run.returncode == 0, run.describe()
     assert results["score"] == results["max_score"] > 0
     assert isinstance(results["execution_time"], float | int)
@@ -88,7 +90,7 @@ def test_syntax_error_fails_only_that_lesson_with_one_line(grader, tmp_path):
     # Lessons 00 and 02: one other lesson graded in the same session shows the others
     # unharmed. With lesson 01 as well (two training runs) the test took 14.4 s of CPU,
     # without it 6.4 s (measured 2026-12-02, 2 cores), and showed nothing more.
-    files = [f for n in ("00", "02") for f in lesson_test_files(lessons.get(n))]
+    files = [f for n in ("00", "02") for f in lesson_test_files(registry.get(n))]
     results, _ = grade(grader, tmp_path, files, f"--impl={submission}", "-m", "core")
     mine = [t for t in results["tests"] if t["number"] == "00"]
     others = [t for t in results["tests"] if t["number"] != "00" and t["status"] != "skipped"]
@@ -109,7 +111,7 @@ def test_function_that_never_returns_fails_within_the_timeout(grader, tmp_path):
         "def cuda_device_count() -> int:\n    while True:\n        pass\n",
     )
     script.write_text(source)
-    files = lesson_test_files(lessons.get("00"))
+    files = lesson_test_files(registry.get("00"))
     results, run = grade(
         grader,
         tmp_path,
@@ -148,7 +150,7 @@ def test_a_submission_broken_at_import_fails_its_lesson_at_once(grader, tmp_path
     source = script.read_text()
     script.write_text(source.replace("\nimport torch\n", f"\n{top}import torch\n", 1))
     results, run = grade(
-        grader, tmp_path, lesson_test_files(lessons.get("03")), f"--impl={submission}"
+        grader, tmp_path, lesson_test_files(registry.get("03")), f"--impl={submission}"
     )
     graded = [t for t in results["tests"] if t["status"] != "skipped"]
     assert graded and all(t["status"] == "failed" for t in graded), run.describe(30)
@@ -199,7 +201,7 @@ def test_a_broken_exercise_file_fails_its_own_tests_alone(grader, tmp_path, numb
     other test of the lesson passes (a case child or a launch shared with it included)."""
     from course.grader.imports import IMPORT_DEADLINE_S
 
-    lesson = lessons.get(number)
+    lesson = registry.get(number)
     submission = tmp_path / "submission"
     shutil.copytree(REPO_ROOT / "solutions" / lesson.slug, submission / lesson.slug)
     script = submission / lesson.slug / exercise

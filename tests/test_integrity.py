@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from course import REPO_ROOT, launch, lessons
+from course import REPO_ROOT, launch, registry
 from course.tools.cli import grade_command
 
 GRADED = ("00", "03")
@@ -161,7 +161,7 @@ def starters_with(tmp_path: Path, cheat: str | None) -> Path:
     """A copy of the unsolved starters of GRADED with `cheat` put at the top of each file."""
     impl = tmp_path / "impl"
     for number in GRADED:
-        lesson = lessons.get(number)
+        lesson = registry.get(number)
         shutil.copytree(lesson.path("lessons").parent, impl / lesson.path("lessons").parent.name)
         if cheat is None:
             continue

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from course import REPO_ROOT, launch, lessons
+from course import REPO_ROOT, launch, registry
 from course.grader import rules, warm
 from course.tools.author import mutants, release
 from course.tools.author.mutants import MUTANT_DIR, load
@@ -105,7 +105,7 @@ def test_every_todo_has_a_mutant_and_every_case_applies_once():
         number = path.stem.removeprefix("lesson_")
         names = [
             t.name
-            for test_file in lessons.test_files(number)
+            for test_file in registry.tests(number)
             for t in rules.collect_graded_tests(test_file)
         ]
         for case in module.MUTANTS:

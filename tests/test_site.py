@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from course import lessons as registry
+from course import registry
 from course.grader import rules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,7 +145,7 @@ def test_every_lesson_with_code_has_a_page_in_the_nav():
     lessons = common.load_lessons()
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     with_code = [lesson for lesson in lessons if (ROOT / "solutions" / lesson.slug).is_dir()]
-    assert with_code, "no lesson in course.lessons has a solutions/ folder"
+    assert with_code, "no lesson in course.registry has a solutions/ folder"
     for lesson in with_code:
         assert common.lesson_page(lesson).is_file(), f"lesson {lesson.number}: no page"
         assert f"lessons/{lesson.slug}.md" in nav, f"lesson {lesson.number}: page not in nav"
@@ -167,7 +167,7 @@ def test_every_graded_test_says_what_it_checks():
     its name turned into a sentence."""
     bare = [
         f"{path.name}::{t.name}"
-        for path in registry.test_files(None, ROOT)
+        for path in registry.tests(None, ROOT)
         for t in rules.collect_graded_tests(path)
         if not t.doc
     ]
@@ -208,7 +208,7 @@ def test_run_it_commands_run_the_students_own_file(page):
 
 def test_grading_tables_match_the_tests(site):
     """Each lesson page's table lists every test with the cases pytest really collects."""
-    test_files = registry.test_files(None, ROOT)
+    test_files = registry.tests(None, ROOT)
     assert test_files, "no lesson tests in tests/"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", *map(str, test_files)],
@@ -667,18 +667,18 @@ def test_diagram_sources_stay_out_of_the_search_index(site):
 
 
 def test_the_lesson_registry_is_imported_again_only_after_an_edit(monkeypatch, tmp_path):
-    """The site's hook reloads course.lessons for `mkdocs serve`; a reload for nothing made
+    """The site's hook reloads course.registry for `mkdocs serve`; a reload for nothing made
     new classes under the test session, and `course run 42` then raised a traceback."""
-    import course.lessons
+    import course.registry
 
-    before = course.lessons.UnknownLesson
+    before = course.registry.UnknownLesson
     common.load_lessons()
     common.load_lessons()
-    assert course.lessons.UnknownLesson is before, "load_lessons reloaded an unchanged file"
-    snapshot = dict(course.lessons.__dict__)
-    monkeypatch.setitem(common._loaded_mtime, course.lessons.__file__, -1.0)  # as if edited
+    assert course.registry.UnknownLesson is before, "load_lessons reloaded an unchanged file"
+    snapshot = dict(course.registry.__dict__)
+    monkeypatch.setitem(common._loaded_mtime, course.registry.__file__, -1.0)  # as if edited
     try:
         common.load_lessons()
-        assert course.lessons.UnknownLesson is not before, "an edited registry was not reloaded"
+        assert course.registry.UnknownLesson is not before, "an edited registry was not reloaded"
     finally:
-        course.lessons.__dict__.update(snapshot)
+        course.registry.__dict__.update(snapshot)

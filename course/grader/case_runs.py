@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from course import lessons as registry
+from course import registry
 from course.grader import imports
 from course.grader.cases import ONLY_ENV, RESULTS, TENSORS
 

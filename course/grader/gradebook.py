@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 
 import course
-from course import atomic, launch
-from course import lessons as registry
+from course import atomic, launch, registry
 from course.grader import draws
 from course.grader.rules import LESSON_PROPERTY, POINTS_PROPERTY, lesson_of
 

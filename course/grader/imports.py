@@ -22,8 +22,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from course import launch
-from course import lessons as registry
+from course import launch, registry
 from course.grader import submission
 from course.grader.rules import lesson_of
 

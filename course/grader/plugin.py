@@ -25,8 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from course import launch
-from course import lessons as registry
+from course import launch, registry
 from course.grader import draws, launches, rules
 from course.grader.gradebook import GradeBook
 from course.grader.imports import exercises_of, import_check_for
@@ -47,7 +46,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     try:
-        config.course_impl = registry.resolve_impl(config.getoption("impl"))
+        config.course_impl = registry.impl_folder(config.getoption("impl"))
     except FileNotFoundError as err:
         raise pytest.UsageError(str(err)) from None
     launch.become_subreaper()  # orphans of the children come back to us, to be killed

@@ -73,7 +73,8 @@ class Tolerance:
             log.write(json.dumps(line) + "\n")
 
 
-DECLARED: dict[str, Tolerance] = {}
+# The bounds the lesson tests imported so far declared, by key: read through declared().
+_DECLARED: dict[str, Tolerance] = {}
 
 
 def tolerance(key: str, *, what: str, test: str, high: float | None = None,
@@ -85,11 +86,16 @@ def tolerance(key: str, *, what: str, test: str, high: float | None = None,
     caller = sys._getframe(1).f_globals.get("__file__", "")
     made = Tolerance(key, " ".join(what.split()), test, high, low, tuple(seeds), room, busy,
                      _relative(caller))  # fmt: skip
-    known = DECLARED.get(key)
+    known = _DECLARED.get(key)
     if known is not None and known.file != made.file:
         raise ValueError(f"tolerance {key!r} is declared in {known.file} and in {made.file}")
-    DECLARED[key] = made
+    _DECLARED[key] = made
     return made
+
+
+def declared() -> dict[str, Tolerance]:
+    """Every bound declared by the test modules imported in this process, by key (a copy)."""
+    return dict(sorted(_DECLARED.items()))
 
 
 def seed(default: int) -> int:

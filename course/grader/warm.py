@@ -33,9 +33,12 @@ import time
 from pathlib import Path
 
 from course import launch
+from course.launch import deadline
 
 # What a lesson's tests import, loaded once in the server (not the test modules, the
 # conftest or course.grader.plugin: pytest imports those itself, to rewrite their asserts).
+# Third-party modules by name; the course's own by import statements (_preload_course),
+# so that the layout test and a reader see them.
 PRELOAD = (
     "pytest",
     "torch",
@@ -43,22 +46,30 @@ PRELOAD = (
     "torch._dynamo",  # for the gradings' zygotes (launch.fork_zygote): 3 s each, else
     "torch.multiprocessing",
     "torch.utils.data",
-    "course.grader.case_runs",
-    "course.grader.launches",
-    "course.checkpoint",
-    "course.grader.judge",
-    "course.probes.weight_log",
-    "course.probes.ddp_log",
 )
+
+
+def _preload_course() -> None:
+    import course.checkpoint  # noqa: F401
+    import course.grader.case_runs  # noqa: F401
+    import course.grader.judge  # noqa: F401
+    import course.grader.launches  # noqa: F401
+    import course.probes.ddp_log  # noqa: F401
+    import course.probes.weight_log  # noqa: F401
+
+
+def preload() -> None:
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    _preload_course()
 
 
 def serve() -> None:
     """The server's loop: one JSON request per line on stdin, two replies per request
     on stdout ({"pid"} when the child started, {"pid", "status"} when it ended)."""
-    import importlib
-
-    for name in PRELOAD:
-        importlib.import_module(name)
+    preload()
 
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     for line in sys.stdin:
@@ -135,18 +146,24 @@ class Server:
             if started is None:  # the server died: grade the ordinary way
                 self.proc.kill()
                 return launch.run(command, timeout=unscaled, cwd=cwd, course_root=self.root)
-            pid, timed_out = started["pid"], False
-            ended = self._reply(start + timeout)
-            if ended is None:
-                timed_out = True
+            pid, ended = started["pid"], {}
+
+            def finished(seconds: float) -> bool:
+                reply = self._reply(time.monotonic() + seconds)
+                if reply is not None:
+                    ended.update(reply)
+                return reply is not None or self.proc.poll() is not None
+
+            timed_out = deadline.watch(finished, start + timeout) == deadline.TIMED_OUT
+            if timed_out:
                 try:
                     os.killpg(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                ended = self._reply(time.monotonic() + 30)
-            launch.kill_group(pid)  # what the grading started does not outlive it
+                ended.update(self._reply(time.monotonic() + 30) or {})
+            deadline.end_group(pid)  # what the grading started does not outlive it
             output = Path(out.name).read_text(errors="replace")
-        status = ended["status"] if ended is not None else None
+        status = ended.get("status")
         return launch.RunResult(
             args=[str(a) for a in command],
             returncode=None if timed_out or status is None else os.waitstatus_to_exitcode(status),
@@ -165,13 +182,11 @@ def grade_once(args: list[str]) -> int:
     in an interpreter of its own: lesson 00's grading took 9.7-10.8 s of CPU that way,
     5.4-5.6 s this way (2 cores, idle, 2026-12-04). Where no zygote can be forked (GPUs, another
     user for the children), nothing is preloaded: pytest starts as it would."""
-    import importlib
 
     from course.launch.warm import protocol
 
     if launch.can_fork() and protocol.allowed(launch.child_env()):
-        for name in PRELOAD:
-            importlib.import_module(name)
+        preload()
     return _grade(args)
 
 

@@ -40,15 +40,15 @@ import sys
 from collections.abc import Callable
 
 import course
-from course import REPO_ROOT, launch, lessons
+from course import REPO_ROOT, launch, registry
 from course.tools.author import release
 from course.tools.verbs import AUTHOR, INSTRUCTOR, STUDENT, Verb, arg, parser
 
 
 def _run(args) -> int:
-    lesson = lessons.get(args.lesson)
-    impl = lessons.resolve_impl(args.impl)
-    command = lessons.lesson_command(
+    lesson = registry.get(args.lesson)
+    impl = args.impl
+    command = registry.command(
         lesson, impl, args.nproc, args.backend, args.extra, args.max_restarts
     )
     if args.backend == "nccl":  # one line here, not the lesson's error inside torchrun's report
@@ -69,10 +69,10 @@ def grade_command(
 ) -> list[str]:
     """The pytest command that grades lessons `numbers` (all when empty) of `impl`,
     with the tests of the course at `root`; with `keyword`, only the tests it selects."""
-    chosen = [lessons.get(n) for n in numbers] or list(lessons.LESSONS)
+    chosen = [registry.get(n) for n in numbers] or list(registry.LESSONS)
     files = []
     for lesson in chosen:
-        found = lessons.test_files(lesson, root)
+        found = registry.tests(lesson, root)
         if not found:
             raise FileNotFoundError(f"lesson {lesson.number} has no tests in tests/")
         files += [str(f) for f in found]
@@ -86,7 +86,7 @@ def grade_command(
 
 
 def _grade(args) -> int:
-    impl = lessons.resolve_impl(args.impl)
+    impl = args.impl
     command = grade_command(args.lessons, impl, args.grade_json, args.workers, keyword=args.keyword)
     if not args.workers:  # one pytest: its launches fork from it (course/grader/warm.py)
         from course.grader import warm
@@ -96,9 +96,9 @@ def _grade(args) -> int:
 
 
 def _list(_args) -> int:
-    wide = max(len(lesson.title) for lesson in lessons.LESSONS) + 2  # the longest title fits
+    wide = max(len(lesson.title) for lesson in registry.LESSONS) + 2  # the longest title fits
     print(f"{'lesson':<8}{'title':<{wide}}{'level':<14}{'launch':<10}folder")
-    for lesson in lessons.LESSONS:
+    for lesson in registry.LESSONS:
         print(
             f"{lesson.number:<8}{lesson.title:<{wide}}{lesson.level:<14}{lesson.launcher:<10}"
             f"{lesson.slug}"
@@ -110,13 +110,13 @@ def _hint(args) -> int:
     from course.tools.student import hints
 
     script, number = hints.parse_which(args.which)
-    impl = lessons.resolve_impl(args.impl)
-    print(hints.hint(lessons.get(args.lesson), number, impl, script))
+    impl = args.impl
+    print(hints.hint(registry.get(args.lesson), number, impl, script))
     return 0
 
 
 def _doctor(_args) -> int:
-    script = lessons.get("00").path(REPO_ROOT / "solutions")
+    script = registry.get("00").path(REPO_ROOT / "solutions")
     if not script.is_file():
         raise FileNotFoundError(
             "the reference solutions are not installed here (a graded class ships without "
@@ -141,17 +141,22 @@ def _release(args) -> int:
 def _sizes(args) -> int:
     from course.tools.author import sizes
 
-    return sizes.main(["--impl", args.impl])
+    return sizes.main(["--impl", str(args.impl)])
 
 
 def _bad_input() -> tuple[type[Exception], ...]:
     """The errors that become a one-line message; the others are bugs, and keep their
     traceback. Looked up per command: a reloaded registry has a new UnknownLesson."""
-    return (lessons.UnknownLesson, FileNotFoundError, ValueError, release.ReleaseError)
+    return (registry.UnknownLesson, FileNotFoundError, ValueError, release.ReleaseError)
 
 
 LESSON = arg("lesson", help="lesson number, e.g. 03")
-IMPL = arg("--impl", default="lessons", help="lessons (default), solutions or a folder")
+IMPL = arg(
+    "--impl",
+    default="lessons",
+    type=registry.impl_argument,
+    help="lessons (default), solutions or a folder",
+)
 
 # Every verb of python -m course, once: --help lists them in this order, by audience.
 VERBS = (
@@ -179,7 +184,8 @@ VERBS = (
              LESSON,
              arg("which", nargs="*", metavar="[SCRIPT] [N]",
                  help="one script of the lesson (e.g. fsdp), then which hint (default 1)"),
-             arg("--impl", default="lessons", help="lessons (default) or a folder"),
+             arg("--impl", default="lessons", type=registry.impl_argument,
+                 help="lessons (default) or a folder"),
          )),
     Verb("doctor", STUDENT, "cli", "print the environment report (lesson 00's reference)",
          run=_doctor),
@@ -211,7 +217,8 @@ VERBS = (
          )),
     Verb("sizes", AUTHOR, "author.sizes",
          "code lines of each solution and lines changed per lesson", run=_sizes, arguments=(
-             arg("--impl", default="solutions", help="solutions (default) or a folder"),
+             arg("--impl", default="solutions", type=registry.impl_argument,
+                 help="solutions (default) or a folder"),
          )),
     Verb("record", AUTHOR, "author.record", "record the reference outputs the site shows",
          errors=(ValueError, RuntimeError)),

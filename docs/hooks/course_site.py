@@ -11,7 +11,7 @@ and it is left alone inside a fenced code block:
     A table of the graded tests in those files: name, points, what it checks.
 ``<!-- lesson-card: NN -->``
     A table with the lesson's level, script, launcher and run commands, read
-    from the lesson registry ``course.lessons``.
+    from the lesson registry ``course.registry``.
 ``<!-- lessons-table -->``
     The whole course path from the registry, linked to each lesson page.
 ``<!-- results-table: docs/results/FOLDER -->``

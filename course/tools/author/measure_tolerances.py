@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from course import REPO_ROOT, atomic, launch, lessons
+from course import REPO_ROOT, atomic, launch, registry
 from course.grader import tolerances
 from course.tools.author import mutants
 from course.tools.author.tolerance_store import (
@@ -51,7 +51,7 @@ DEADLINE_S = 600  # one test at one seed; scaled by COURSE_TIMEOUT_SCALE
 
 def declared(root: Path = REPO_ROOT) -> dict[str, tolerances.Tolerance]:
     """Every bound the lesson tests declare, by key (their modules imported, not run)."""
-    for path in lessons.test_files(None, root):
+    for path in registry.tests(None, root):
         name = path.stem
         if name in sys.modules:
             continue
@@ -59,7 +59,7 @@ def declared(root: Path = REPO_ROOT) -> dict[str, tolerances.Tolerance]:
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
-    found = dict(sorted(tolerances.DECLARED.items()))
+    found = tolerances.declared()
     for t in found.values():
         module = sys.modules[Path(t.file).stem]
         missing = [name for name in t.test.split() if not callable(getattr(module, name, None))]
@@ -204,7 +204,12 @@ def parser() -> argparse.ArgumentParser:
                       help="a lesson's bounds, or one bound (default: all)")  # fmt: skip
     made.add_argument("--seeds", type=int, default=None, metavar="N",
                       help="each bound's first N seeds only")  # fmt: skip
-    made.add_argument("--impl", default="solutions", help="the folder measured (solutions)")
+    made.add_argument(
+        "--impl",
+        default="solutions",
+        type=registry.impl_argument,
+        help="the folder measured (solutions)",
+    )
     made.add_argument("--out", default=str(RECORD), help=f"the record ({RECORD})")
     made.add_argument("--list", action="store_true", help="the bounds and the record's state")
     made.add_argument(
@@ -229,14 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print(_table({t.key: t for t in picked}, doc))
         return 0
-    from course import lessons
 
     path = out if out.is_absolute() else REPO_ROOT / out
     if args.mistakes:
         return _mistakes(picked, doc, path, args, argv)
     if args.mutant:
         parser_.error("--mutant goes with --mistakes")
-    impl = lessons.resolve_impl(args.impl)
+    impl = args.impl
     start = time.monotonic()
     measured = measure(picked, impl, args.seeds)
     # The record's command makes every entry again; each entry names the one that made it.

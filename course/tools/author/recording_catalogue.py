@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from course import REPO_ROOT
+from course import REPO_ROOT, registry
 
 TORCHRUN = ("--standalone", "--nproc_per_node=2")
 
@@ -52,14 +52,7 @@ class Recording:
     def command(self) -> list[str]:
         script = str(REPO_ROOT / ("lessons" if self.starter else "solutions") / self.script)
         if self.torchrun:
-            return [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                *self.torchrun,
-                script,
-                *self.args,
-            ]
+            return [*registry.torchrun(script, *self.torchrun), *self.args]
         if self.verb:
             return [sys.executable, "-m", "course", self.verb, *self.args]
         if self.clock or self.spy:

@@ -8,7 +8,7 @@ else. Three numbers keep that honest:
 
     code lines   lines that are code: not blank, not a comment, not a docstring
     changed      code lines added plus code lines removed, against the lesson
-                 this one builds on (lessons.Lesson.builds_on): the diff of the
+                 this one builds on (registry.Lesson.builds_on): the diff of the
                  two files' code lines, comments and docstrings left out
     page diff    lines added plus removed in the diff the lesson's page shows
                  (comments and docstrings included; reported, not a target)
@@ -30,7 +30,7 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-from course import REPO_ROOT, lessons
+from course import REPO_ROOT, registry
 from course.tools.author.release import BEGIN, BUG, END, END_BUG, FIX, HINT, HINT_MORE
 
 MAX_CODE_LINES = 150
@@ -135,7 +135,7 @@ class Row:
 def measure(impl: Path = REPO_ROOT / "solutions") -> list[Row]:
     """One row per training lesson that has a script under `impl` (lesson 00 is no lesson step)."""
     rows = []
-    for lesson in lessons.LESSONS:
+    for lesson in registry.LESSONS:
         path = lesson.path(impl)
         if lesson.number == "00" or not path.is_file():
             continue
@@ -150,7 +150,7 @@ def measure(impl: Path = REPO_ROOT / "solutions") -> list[Row]:
         text = path.read_text(encoding="utf-8")
         before = page = None
         if lesson.builds_on:
-            old = lessons.get(lesson.builds_on).path(impl).read_text("utf-8")
+            old = registry.get(lesson.builds_on).path(impl).read_text("utf-8")
             before, page = changed(old, text), shown_changed(old, text)
         rel, lines = str(path.relative_to(impl)), len(text.splitlines())
         rows.append(
@@ -178,9 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m course sizes", description=__doc__.splitlines()[0])
-    p.add_argument("--impl", default="solutions", help="solutions (default), lessons or a folder")
+    p.add_argument(
+        "--impl",
+        default="solutions",
+        type=registry.impl_argument,
+        help="solutions (default), lessons or a folder",
+    )
     args = p.parse_args(argv)
-    rows = measure(lessons.resolve_impl(args.impl))
+    rows = measure(args.impl)
     print(table(rows))
     return 0 if all(r.ok for r in rows) else 1
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from course import REPO_ROOT, lessons
+from course import REPO_ROOT, registry
 
 SETUP = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, while it builds the autograder's image.
@@ -77,7 +77,7 @@ def files_for(numbers: list[str]) -> list[Path]:
     tests = REPO_ROOT / "tests"
     chosen += [tests / "conftest.py", *sorted((tests / "cases").glob("*.py"))]
     for number in numbers:
-        chosen += lessons.test_files(number)
+        chosen += registry.tests(number)
     chosen += [REPO_ROOT / "pyproject.toml", REPO_ROOT / "README.md"]
     return [p.relative_to(REPO_ROOT) for p in chosen]
 
@@ -118,10 +118,10 @@ def main(argv=None) -> int:
     p.add_argument("--lessons", nargs="*", default=[], help="lesson numbers (default: all)")
     args = p.parse_args(argv)
     try:
-        numbers = [lessons.get(n).number for n in args.lessons] or [
-            lesson.number for lesson in lessons.LESSONS
+        numbers = [registry.get(n).number for n in args.lessons] or [
+            lesson.number for lesson in registry.LESSONS
         ]
-    except lessons.UnknownLesson as err:
+    except registry.UnknownLesson as err:
         p.error(str(err))
     names = build(args.out, numbers)
     print(f"{args.out}: {len(names)} files, lessons {' '.join(numbers)}")

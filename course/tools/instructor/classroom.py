@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from course import REPO_ROOT, launch, lessons
+from course import REPO_ROOT, launch, registry
 
 # Minutes a lesson's step may take on GitHub's hosted runner (2 or 4 cores; a lesson grades
 # in under 45 s on 2): the command grader stops the step at the limit, worth 0.
@@ -82,7 +82,7 @@ def cpu_points(numbers: list[str]) -> dict[str, float]:
     need GPUs (they skip there), as pytest collects them with the grader's plugin."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "points.json"
-        files = [str(f) for n in numbers for f in lessons.test_files(n)]
+        files = [str(f) for n in numbers for f in registry.tests(n)]
         command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
         command += ["-p", "no:xdist", "-p", "course.tools.instructor.classroom", *files]
         run = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
@@ -117,7 +117,7 @@ def workflow(numbers: list[str]) -> str:
     text = HEADER.format(torch=install_command().split("torch==")[1].split()[0],
                          install=install_command())  # fmt: skip
     for number in numbers:
-        lesson = lessons.get(number)
+        lesson = registry.get(number)
         text += STEP.format(number=number, title=lesson.title, command=grade_command(number),
                             minutes=STEP_MINUTES, points=f"{points[number]:g}")  # fmt: skip
     ids = [f"lesson-{n}" for n in numbers]
@@ -137,10 +137,10 @@ def main(argv=None) -> int:
     p.add_argument("--lessons", nargs="*", default=[], help="lesson numbers (default: all)")
     args = p.parse_args(argv)
     try:
-        numbers = [lessons.get(n).number for n in args.lessons] or [
-            lesson.number for lesson in lessons.LESSONS
+        numbers = [registry.get(n).number for n in args.lessons] or [
+            lesson.number for lesson in registry.LESSONS
         ]
-    except lessons.UnknownLesson as err:
+    except registry.UnknownLesson as err:
         p.error(str(err))
     text = workflow(numbers)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from course import atomic, launch, lessons
+from course import atomic, launch, registry
 
 # A deadline for one student's whole grading, per lesson graded: the grader's own
 # deadlines end a hung launch well before (one lesson grades in under 45 s on 2 cores,
@@ -49,10 +49,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.jobs < 1:
         p.error(f"--jobs {args.jobs}: must be at least 1")
     try:
-        args.lessons = [lessons.get(n).number for n in args.lessons] or [
-            lesson.number for lesson in lessons.LESSONS
+        args.lessons = [registry.get(n).number for n in args.lessons] or [
+            lesson.number for lesson in registry.LESSONS
         ]
-    except lessons.UnknownLesson as err:
+    except registry.UnknownLesson as err:
         p.error(str(err))
     return args
 

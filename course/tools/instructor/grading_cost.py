@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import course
-from course import atomic, launch, lessons
+from course import atomic, launch, registry
 
 KIND = "course-grading-cost"
 BUDGET_S = 45  # a lesson's grading, on two cores (docs/contributing.md)
@@ -55,7 +55,7 @@ def grade_lesson(number: str, impl: Path) -> dict:
     status = [t.get("status") for t in tests]
     return {
         "lesson": number,
-        "title": lessons.get(number).title,
+        "title": registry.get(number).title,
         "seconds": round(run.seconds, 1),
         "cpu_seconds": round(cpu, 1),
         "tests": len(tests),
@@ -118,7 +118,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m course grading-cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--lessons", nargs="+", default=[], metavar="NN", help="default: all")
-    p.add_argument("--impl", default="solutions", help="solutions (default), lessons or a folder")
+    p.add_argument(
+        "--impl",
+        default="solutions",
+        type=registry.impl_argument,
+        help="solutions (default), lessons or a folder",
+    )
     p.add_argument("--out", type=Path, help="write the JSON record here")
     return p
 
@@ -126,8 +131,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
-    impl = lessons.resolve_impl(args.impl)
-    numbers = [lessons.get(n).number for n in args.lessons] or [x.number for x in lessons.LESSONS]
+    impl = args.impl
+    numbers = [registry.get(n).number for n in args.lessons] or [x.number for x in registry.LESSONS]
     rows = []
     for number in numbers:
         rows.append(grade_lesson(number, impl))
@@ -135,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         over = "" if row["seconds"] <= BUDGET_S else f"  (over the {BUDGET_S} s budget)"
         print(f"lesson {number}: {row['seconds']:.0f} s, {row['cpu_seconds']:.0f} CPU s, "
               f"{row['passed']}/{row['tests']} passed{over}", flush=True)  # fmt: skip
-    doc = {"kind": KIND, "impl": args.impl, "rows": rows, "provenance": provenance(argv)}
+    doc = {
+        "kind": KIND,
+        "impl": registry.impl_name(args.impl),
+        "rows": rows,
+        "provenance": provenance(argv),
+    }
     print(f"\nGrading one student {provenance_line(doc)}:\n{table(doc)}")
     unfinished = [r["lesson"] for r in rows if not r["finished"] or not r["tests"]]
     if unfinished:  # a cost without a grade is no figure: nothing is written

@@ -19,13 +19,13 @@ import re
 import textwrap
 from pathlib import Path
 
-from course import REPO_ROOT, lessons
+from course import REPO_ROOT, registry
 from course.tools.author.release import HINTS_FILE
 
 RAISED = re.compile(r'raise NotImplementedError\("(TODO at [^"]+?) is not done yet"\)')
 
 
-def todos(lesson: lessons.Lesson) -> list[dict]:
+def todos(lesson: registry.Lesson) -> list[dict]:
     """The lesson's TODOs, in file order: [{"id", "goal", "hints"}]."""
     path = lesson.path(REPO_ROOT / "lessons").parent / HINTS_FILE
     if not path.is_file():
@@ -46,7 +46,7 @@ def script_of(todo: dict) -> str:
     return todo["id"].removeprefix("TODO at ").rsplit(":", 1)[0].rsplit("/", 1)[-1]
 
 
-def unsolved(lesson: lessons.Lesson, impl: Path) -> list[str]:
+def unsolved(lesson: registry.Lesson, impl: Path) -> list[str]:
     """Ids of the TODOs still unsolved in the files under `impl`: the `raise
     NotImplementedError` is still there or, for a planted bug (lesson 09), every
     broken line still is."""
@@ -67,7 +67,7 @@ def unsolved(lesson: lessons.Lesson, impl: Path) -> list[str]:
     return left
 
 
-def hint(lesson: lessons.Lesson, number: int, impl: Path, script: str | None = None) -> str:
+def hint(lesson: registry.Lesson, number: int, impl: Path, script: str | None = None) -> str:
     """What `python -m course hint` prints for hint `number` (1-based), of the next
     unsolved TODO in `script` (a lesson's file, "fsdp" or "fsdp.py"), or in any file."""
     known = todos(lesson)

@@ -25,9 +25,9 @@ def load_lessons():
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     try:
-        module = importlib.import_module("course.lessons")
+        module = importlib.import_module("course.registry")
     except ImportError as exc:
-        raise PluginError(f"lesson registry course.lessons cannot be imported: {exc}") from exc
+        raise PluginError(f"lesson registry course.registry cannot be imported: {exc}") from exc
     mtime = Path(module.__file__).stat().st_mtime
     if _loaded_mtime.setdefault(module.__file__, mtime) != mtime:
         _loaded_mtime[module.__file__] = mtime
@@ -39,14 +39,10 @@ def lesson_page(lesson) -> Path:
     return ROOT / "docs" / "lessons" / f"{lesson.slug}.md"
 
 
-def run_commands(lesson) -> list[str]:
-    script = f"solutions/{lesson.slug}/{lesson.script}"
-    direct = {
-        "python": f"python {script}",
-        "spawn": f"python {script}",
-        "torchrun": f"torchrun --standalone --nproc-per-node=2 {script}",
-    }.get(lesson.launcher, f"python {script}")
-    return [f"python -m course run {lesson.number}", direct]
+def run_command(lesson) -> str:
+    """What a page's "Run it" shows: the student's own file, started as the lesson's page
+    says (python -m course run asks course.registry.command for it)."""
+    return f"python -m course run {lesson.number}"
 
 
 def known_figure(path: Path, root: Path = ROOT) -> None:
@@ -73,7 +69,7 @@ def lesson_todos(where: str, number: str) -> list[dict]:
     (course.tools.student.hints)."""
     lessons = {lesson.number: lesson for lesson in load_lessons()}
     if number not in lessons:
-        raise PluginError(f"{where}: lesson {number!r} is not in course.lessons.LESSONS")
+        raise PluginError(f"{where}: lesson {number!r} is not in course.registry.LESSONS")
     todos = hints.todos(lessons[number])
     if not todos:
         raise PluginError(f"{where}: lesson {number} has no hints.json (run course release)")

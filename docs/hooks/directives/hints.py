@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mkdocs.exceptions import PluginError
 
-from directives.common import ROOT, lesson_page, lesson_todos, load_lessons, run_commands
+from directives.common import ROOT, lesson_page, lesson_todos, load_lessons, run_command
 from directives.solutions import included
 
 
@@ -32,7 +32,7 @@ def render_hints(number: str) -> str:
 def render_lesson_card(number: str) -> str:
     lessons = {lesson.number: lesson for lesson in load_lessons()}
     if number not in lessons:
-        raise PluginError(f"lesson-card: lesson {number!r} is not in course.lessons.LESSONS")
+        raise PluginError(f"lesson-card: lesson {number!r} is not in course.registry.LESSONS")
     lesson = lessons[number]
     starter = f"lessons/{lesson.slug}/{lesson.script}"
     solution = f"solutions/{lesson.slug}/{lesson.script}"
@@ -47,7 +47,7 @@ def render_lesson_card(number: str) -> str:
         f"| Starter (you edit this) | `{starter}` |\n"
         f"{reference}"
         f"| Launcher | `{lesson.launcher}` |\n"
-        f"| Run it | `{run_commands(lesson)[0]}` |\n"
+        f"| Run it | `{run_command(lesson)}` |\n"
         f"| Grade it | `python -m course grade {number}` |\n\n"
         f"{lesson.summary}\n"
     )

@@ -59,7 +59,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from course import atomic, lessons
+from course import atomic, registry
 from course.tools.student.bench import catalogue, launch, provenance, render
 
 
@@ -67,7 +67,12 @@ def parser(prog: str = "python -m course bench") -> argparse.ArgumentParser:
     from course.options import ArgumentParser, positive_int
 
     p = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    p.add_argument("--impl", default="solutions", help="solutions (default), lessons or a folder")
+    p.add_argument(
+        "--impl",
+        default="solutions",
+        type=registry.impl_argument,
+        help="solutions (default), lessons or a folder",
+    )
     p.add_argument(
         "--lessons",
         nargs="+",
@@ -114,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     visible = visible_gpus()
     for number in args.lessons:
-        lessons.get(number)  # an unknown lesson: one-line error
+        registry.get(number)  # an unknown lesson: one-line error
     if args.gpus and args.gpus > visible and visible:
         raise ValueError(f"--gpus {args.gpus}: only {visible} GPU(s) visible")
     device = "cuda" if visible else "cpu"
@@ -133,11 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         amp=args.amp,
         channels_last=args.channels_last,
     )
-    impl = lessons.resolve_impl(args.impl)
+    impl = args.impl
     window = args.window or (10 if device == "cuda" else 5)
     rows = catalogue.plan(
         settings,
-        [lessons.get(n).number for n in args.lessons],
+        [registry.get(n).number for n in args.lessons],
         window,
         args.warmup,
         args.windows or (5 if device == "cuda" else 3),

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from course import REPO_ROOT, launch, lessons
+from course import REPO_ROOT, launch, registry
 from course.probes import step_clock
 from course.tools.student.bench.catalogue import Row, Settings, images_needed
 
@@ -18,7 +18,7 @@ def command(row: Row, impl: Path, settings: Settings, files: str | Path | None =
     """The lesson's own command line for `row`, as its page documents it.
 
     files: the image folder (course.data.make_image_folder) of a row with files=True."""
-    lesson = lessons.get(row.lesson)
+    lesson = registry.get(row.lesson)
     script = lesson.path(REPO_ROOT / "lessons" if row.starter else impl)
     script = script.with_name(row.script) if row.script else script
     if not script.is_file():
@@ -35,10 +35,8 @@ def command(row: Row, impl: Path, settings: Settings, files: str | Path | None =
         args += ["--amp", amp]
     if channels_last:
         args.append("--channels-last")
-    if lesson.launcher == "torchrun":
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        return [*launcher, f"--nproc_per_node={row.world}", str(script), *row.extra, *args]
-    return [sys.executable, str(script), *row.extra, *args]
+    nproc = row.world if lesson.launcher == "torchrun" else None  # spawn: --nproc in extra
+    return registry.command(lesson, impl, nproc, extra=[*row.extra, *args], script=script)
 
 
 def image_files(rows: list[Row], settings: Settings, scratch: Path) -> Path | None:

@@ -1,13 +1,18 @@
 """The lesson registry: one entry per lesson folder, in course order.
 
 The CLI, the grader's table and the site read titles and launch styles from
-here, so a lesson is declared once; and the command that starts a lesson's script
-(`lesson_command`: `python -m course run`, and lesson 04's tests, which start torchrun
-as a student does).
+here, so a lesson is declared once. It also owns the facts about a lesson that more than
+one part of the course needs:
+
+    tests(lesson)            which test files grade it
+    command(lesson, impl, ...)  the command that starts its script (course run, course bench,
+                             the recordings, the site's "Run it", lesson 04's tests)
+    impl_folder(impl)        what --impl names, resolved once, where it is parsed
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,7 +191,7 @@ def get(number: str | int) -> Lesson:
     raise UnknownLesson(f"no lesson {number!r}; the lessons are {known} (python -m course list)")
 
 
-def test_files(lesson: Lesson | str | None = None, root: str | Path = REPO_ROOT) -> list[Path]:
+def tests(lesson: Lesson | str | None = None, root: str | Path = REPO_ROOT) -> list[Path]:
     """The test files that grade `lesson` (a Lesson or its number), or every lesson's (None),
     under `root`'s tests/: the one answer to "which tests grade lesson NN"."""
     if lesson is None:
@@ -196,8 +201,10 @@ def test_files(lesson: Lesson | str | None = None, root: str | Path = REPO_ROOT)
     return sorted((Path(root) / "tests").glob(f"test_{pattern}_*.py"))
 
 
-def resolve_impl(impl: str | Path) -> Path:
-    """Map --impl (lessons, solutions or a folder shaped like lessons/) to a folder."""
+def impl_folder(impl: str | Path) -> Path:
+    """--impl (lessons, solutions or a folder shaped like lessons/) as a folder: the type of
+    every --impl option (the CLI's verbs, the grader's pytest option), so that it is
+    resolved once, where it is parsed."""
     if str(impl) in ("lessons", "solutions"):
         return REPO_ROOT / str(impl)
     path = Path(impl).expanduser().resolve()
@@ -206,14 +213,42 @@ def resolve_impl(impl: str | Path) -> Path:
     return path
 
 
-def lesson_command(
-    lesson, impl_dir, nproc=None, backend=None, extra=(), max_restarts=None, rendezvous=None
+def impl_name(folder: Path) -> str:
+    """How a record names an --impl folder: lessons or solutions, else the folder's path."""
+    inside = Path(folder).parent == REPO_ROOT and Path(folder).name in ("lessons", "solutions")
+    return Path(folder).name if inside else str(folder)
+
+
+def impl_argument(impl: str) -> Path:
+    """impl_folder for argparse's `type=`: a missing folder is a one-line usage error."""
+    try:
+        return impl_folder(impl)
+    except FileNotFoundError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix(f"--impl {impl}: ")) from None
+
+
+def torchrun(script: str | Path, *options: str) -> list[str]:
+    """torchrun with `options` (its own, before the script) on `script`."""
+    return [sys.executable, "-m", "torch.distributed.run", *options, str(script)]
+
+
+def command(
+    lesson: Lesson,
+    impl: str | Path,
+    nproc: int | None = None,
+    backend: str | None = None,
+    extra=(),
+    max_restarts: int | None = None,
+    rendezvous=None,
+    script: str | Path | None = None,
 ) -> list[str]:
-    """The command that launches `lesson` from `impl_dir`. For torchrun lessons,
-    `rendezvous` replaces --standalone with torchrun's multi-node options
-    (--nnodes, --rdzv_backend, --rdzv_endpoint, --rdzv_id)."""
-    script = lesson.path(impl_dir)
-    if lesson.exercises and extra and lesson.exercise(extra[0]):  # course run 09 hang ...
+    """The command that launches `lesson` from the folder `impl`, as its page shows: the one
+    owner of it (python -m course run, course bench, the recordings and the site ask here).
+    A lesson of several exercises takes the exercise's name first in `extra` (course run 09
+    hang ...), or `script`, a path. For torchrun lessons, `rendezvous` replaces
+    --standalone with torchrun's multi-node options (--nnodes, --rdzv_backend, ...)."""
+    script = Path(script) if script is not None else lesson.path(impl)
+    if lesson.exercises and extra and lesson.exercise(extra[0]):
         script, extra = script.with_name(lesson.exercise(extra[0])), list(extra[1:])
     if not script.is_file():
         raise FileNotFoundError(f"{script}: not found")
@@ -225,11 +260,27 @@ def lesson_command(
         raise ValueError("--max-restarts takes a number >= 0, for torchrun lessons only")
     options = [*(["--backend", backend] if backend else [])]
     if lesson.launcher == "torchrun":
-        launcher = [sys.executable, "-m", "torch.distributed.run"]
-        launcher += list(rendezvous) if rendezvous else ["--standalone"]
+        agent = list(rendezvous) if rendezvous else ["--standalone"]
         if max_restarts is not None:
-            launcher.append(f"--max-restarts={max_restarts}")
-        return [*launcher, f"--nproc_per_node={nproc or 1}", str(script), *options, *extra]
+            agent.append(f"--max-restarts={max_restarts}")
+        return [*torchrun(script, *agent, f"--nproc_per_node={nproc or 1}"), *options, *extra]
     if lesson.launcher == "spawn" and nproc:
         options += ["--nproc", str(nproc)]
     return [sys.executable, str(script), *options, *extra]
+
+
+def shown(command: list[str]) -> str:
+    """`command` as a page shows it: `python`, `torchrun`, paths from the repository."""
+    words = [str(w) for w in command]
+    if words[1:3] == ["-m", "torch.distributed.run"]:
+        words = ["torchrun", *words[3:]]
+    elif words and words[0] == sys.executable:
+        words[0] = "python"
+    return " ".join(_from_root(w) for w in words)
+
+
+def _from_root(word: str) -> str:
+    try:
+        return str(Path(word).relative_to(REPO_ROOT)) if Path(word).is_absolute() else word
+    except ValueError:
+        return word
