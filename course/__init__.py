@@ -29,7 +29,7 @@ where a new helper goes:
     launches         the launches a lesson's tests share (needed, shared), and -n
                      scheduling by test file
     cases            a lesson's functions called in a child by its case script
-                     (tests/cases/): the protocol and the child's side; case_ranks: the
+                     (tests/lessons/cases/): the protocol and the child's side; case_ranks: the
                      ranks a case starts; case_runs: the grader's side, what came back
     submission       loading a submission's lesson file, each failure in one line
     judge            numbers the grader computes itself: accuracy of saved weights,
@@ -63,7 +63,7 @@ where a new helper goes:
                      measure_tolerances (course tolerances) and tolerance_store (its
                      record), mutants, durations, schedules, zero_stages
 
-The rules are tested (tests/test_course_layout.py): lessons import only the
+The rules are tested (tests/course/test_layout.py): lessons import only the
 top level; the top level imports nothing below it; probes import nothing heavy
 when they load; no import cycles.
 """

@@ -193,12 +193,12 @@ def get(number: str | int) -> Lesson:
 
 def tests(lesson: Lesson | str | None = None, root: str | Path = REPO_ROOT) -> list[Path]:
     """The test files that grade `lesson` (a Lesson or its number), or every lesson's (None),
-    under `root`'s tests/: the one answer to "which tests grade lesson NN"."""
+    under `root`'s tests/lessons/: the one answer to "which tests grade lesson NN"."""
     if lesson is None:
         pattern = "[0-9][0-9]"
     else:
         pattern = (get(lesson) if isinstance(lesson, str) else lesson).number
-    return sorted((Path(root) / "tests").glob(f"test_{pattern}_*.py"))
+    return sorted((Path(root) / "tests" / "lessons").glob(f"test_{pattern}_*.py"))
 
 
 def impl_folder(impl: str | Path) -> Path:

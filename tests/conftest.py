@@ -1,10 +1,6 @@
-"""Fixtures shared by the lesson tests.
+"""The course's own suite (the lesson tests' fixtures are the grader's:
+course/grader/fixtures.py).
 
-- `impl`: the folder being graded (--impl).
-- `backend`: a distributed test that asks for it runs twice, with gloo on CPU
-  and with nccl on GPUs; the nccl run is skipped unless the machine has the
-  GPUs that @pytest.mark.gpus(n) asks for (2 by default).
-- `run_script`: run a lesson script in its own process group with a deadline.
 - `course_without_solutions`: a copy of the course as a class deploys it, with
   no solutions/ folder, to grade from.
 
@@ -16,76 +12,13 @@ on one worker.
 
 from __future__ import annotations
 
-import functools
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from course import REPO_ROOT
-from course.grader import launches, submission
-
-
-@functools.cache
-def visible_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def pytest_generate_tests(metafunc):
-    if "backend" in metafunc.fixturenames:
-        marker = metafunc.definition.get_closest_marker("gpus")
-        need = marker.args[0] if marker else 2
-        metafunc.parametrize(
-            "backend",
-            [
-                pytest.param("gloo", id="gloo"),
-                pytest.param("nccl", id="nccl", marks=pytest.mark.gpus(need)),
-            ],
-        )
-
-
-def pytest_runtest_setup(item):
-    marker = item.get_closest_marker("gpus")
-    if marker is None:
-        return
-    param = getattr(item, "callspec", None)
-    if param is not None and param.params.get("backend") == "gloo":
-        return  # the CPU variant of a distributed test needs no GPU
-    need, have = marker.args[0], visible_gpus()
-    if have < need:
-        pytest.skip(f"needs {need} CUDA GPU(s), this machine has {have}")
-
-
-@pytest.fixture(scope="session")
-def impl(pytestconfig):
-    return pytestconfig.course_impl
-
-
-@pytest.fixture
-def run_script(tmp_path, launcher):
-    """Run `python <script> args...`; fail with each rank's last lines unless asked not to."""
-
-    def run(script, *args, timeout=60, check=True, env=None):
-        try:
-            submission.check_script(script)  # a missing or unparsable file: one line, no launch
-        except submission.LessonError as err:
-            pytest.fail(str(err), pytrace=False)
-        result = launcher.run(
-            [sys.executable, str(script), *map(str, args)],
-            timeout=timeout,
-            env=env,
-            cwd=tmp_path,
-            log_dir=tmp_path / "ranks",
-        )
-        if check and not result.ok:
-            pytest.fail(result.describe(), pytrace=False)
-        return result
-
-    return run
-
+from course.grader import launches
 
 # What a class deployment ships: the course, its tests and the starters, no solutions/.
 DEPLOYED = ("course", "tests", "lessons", "pyproject.toml")
@@ -113,7 +46,7 @@ def course_without_solutions(tmp_path_factory) -> Path:
 
 # Files of independent gradings, one test each: spread test by test, as xdist's default
 # `load` does, and run last: small pieces that fill both workers to the end.
-SPREAD = ("test_mutants.py", "test_grader.py")
+SPREAD = ("test_mutants.py", "test_plugin.py")
 TOGETHER = {"test_site.py": "site", "test_browser.py": "site"}  # one worker, one site build
 
 # Seconds of the slowest files in `pytest -m "not mutation" -n 2` on two idle cores
@@ -122,9 +55,9 @@ TOGETHER = {"test_site.py": "site", "test_browser.py": "site"}  # one worker, on
 # own order, by number of tests, put the 40 s planted hang (two tests) near the end.
 SLOWEST = {
     "test_browser.py": 104, "test_site.py": 104, "test_recorded_outputs.py": 63,
-    "test_course_bench.py": 45, "test_grader_hangs.py": 40, "test_course_warmstart.py": 26,
-    "test_notebooks.py": 22, "test_09_debugging.py": 20, "test_course_autograder.py": 19,
-    "test_04_torchrun.py": 18, "test_course_grade_class.py": 17, "test_course_procs.py": 16,
+    "test_bench.py": 45, "test_hangs.py": 40, "test_warm.py": 26,
+    "test_notebooks.py": 22, "test_09_debugging.py": 20, "test_autograder.py": 19,
+    "test_04_torchrun.py": 18, "test_grade_class.py": 17, "test_command.py": 16,
 }  # fmt: skip
 
 
@@ -151,7 +84,7 @@ def _scope(nodeid: str, file: str) -> str:
 def pytest_xdist_make_scheduler(config, log):
     """The grader's scheduling by file (course/grader/launches.py), with SPREAD's files
     test by test and TOGETHER's on one worker: the site tests and the browser tests read
-    one build of the site (tests/_sitebuild.py)."""
+    one build of the site (tests/site/_sitebuild.py)."""
     if config.getvalue("dist") != "load":
         return None  # the caller asked for another scheme: keep it
     return launches.file_scheduling(config, log, scope=_scope)

@@ -2,7 +2,7 @@
 
 The grading process never imports a submission: imported there, it could
 rewrite pytest's reports, the comparisons or the grade. Function-level tests
-therefore go through a *case script* of the grader (tests/cases/lesson_NN.py)
+therefore go through a *case script* of the grader (tests/lessons/cases/lesson_NN.py)
 that runs in a child process. It imports the lesson file, calls its functions
 in named cases and writes one JSON document, plus one file of tensors when a
 case returns some. The parent reads them with `json.loads` and
@@ -30,7 +30,8 @@ Child side (a case script):
 
 Grader side (a test module, course/grader/case_runs.py):
 
-    cases = run_lesson_cases(impl, LESSON, CASES, tmp_path)   # CASES: tests/cases/lesson_00.py
+    cases = run_lesson_cases(impl, LESSON, CASES, tmp_path)   # CASES:
+    tests/lessons/cases/lesson_00.py
     assert cases("pick_backend_no_gpu") == "gloo"
 """
 

@@ -3,7 +3,7 @@ at the end of the run, and the results file in Gradescope's results.json shape
 (--grade-json). The grader's plugin (course/grader/plugin.py) registers it in the
 controller only (an xdist worker's results reach it as reports).
 
-Points: a test in tests/test_NN_*.py grades lesson NN and is worth
+Points: a test in tests/lessons/test_NN_*.py grades lesson NN and is worth
 @pytest.mark.points(n) (1 by default; course/grader/rules.py). A test earns its points
 only if every phase of it passed; an error in a fixture, a timeout or a crashed worker is
 a failure worth 0. Skipped tests (the nccl variants on a machine without enough GPUs)

@@ -88,7 +88,7 @@ class ImportCheck:
     own, all at once, before the lesson's first test.
 
     It runs before the test, not beside it: a submission that kills its parent at import
-    (tests/test_integrity.py) would otherwise kill the grader while the test's own
+    (tests/course/grader/test_integrity.py) would otherwise kill the grader while the test's own
     launches still start, and those, orphaned, would be handed to the process above."""
 
     def __init__(self, number: str, paths: list[Path]):

@@ -30,7 +30,9 @@ from course.grader import draws, launches, rules
 from course.grader.gradebook import GradeBook
 from course.grader.imports import exercises_of, import_check_for
 from course.grader.rules import LESSON_PROPERTY, MARKERS_PROPERTY, POINTS_PROPERTY, lesson_of
-from course.launch.launcher import Launcher
+
+# The fixtures and markers of the lesson tests (impl, backend, launcher, run_script).
+pytest_plugins = ("course.grader.fixtures",)
 
 
 def pytest_addoption(parser):
@@ -84,15 +86,6 @@ def pytest_runtest_call(item):
     cancel = item.stash.get(_CANCEL, None)
     if cancel is not None and cancel.event.is_set():
         pytest.fail(cancel.reason, pytrace=False)
-
-
-@pytest.fixture(scope="module")
-def launcher(request) -> Launcher:
-    """Launches for a lesson's tests (course.launch.Launcher): one that names a file of the
-    lesson known broken (it hangs or fails at import) is refused at once, so that the
-    lesson's tests fail in a second instead of each waiting out its deadline."""
-    check = import_check_for(request.node)
-    return Launcher(check.cancel if check is not None else None)
 
 
 def _scale_pytest_timeouts(config, items) -> None:

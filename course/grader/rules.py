@@ -2,10 +2,10 @@
 
 The grader's pytest plugin (course/grader/plugin.py) applies them to the collected
 items; the site's grading tables (docs/hooks/course_site.py) and the mutation
-tests (tests/test_mutants.py) read the same rules from the test files' source,
+tests (tests/mutants/test_mutants.py) read the same rules from the test files' source,
 without running pytest (`collect_graded_tests`). The rules:
 
-- a test in tests/test_NN_*.py grades lesson NN;
+- a test in tests/lessons/test_NN_*.py grades lesson NN;
 - it is worth @pytest.mark.points(n), DEFAULT_POINTS when unmarked, for each case
   pytest generates from it (each parametrisation, and each backend: a test taking
   the `backend` fixture runs on gloo, and on nccl where GPUs are visible);
@@ -34,7 +34,7 @@ MARKERS_PROPERTY, LESSON_PROPERTY, POINTS_PROPERTY = (
 
 
 def lesson_of(path: str | Path) -> str | None:
-    """The lesson a test file grades ("03" for tests/test_03_ddp_spawn.py), or None."""
+    """The lesson a test file grades ("03" for tests/lessons/test_03_ddp_spawn.py), or None."""
     match = LESSON_FILE.match(Path(path).name)
     return match.group(1) if match else None
 

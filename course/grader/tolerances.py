@@ -17,7 +17,8 @@ two processes that spin on a core each, as the CI's two pytest workers load the 
 seed, with COURSE_TOLERANCE_SEED set (`seed()` returns it) and COURSE_TOLERANCE_LOG naming a
 file that `note()` appends what it saw to. It writes the distribution, with provenance, to
 docs/results/tolerances/cpu.json; the pages quote it from there (``[[tolerance:03:equivalence]]``),
-and tests/test_tolerances.py fails when a bound changes without being measured again, or
+and tests/course/grader/test_tolerances.py fails when a bound changes without being measured again,
+or
 leaves too little room above the worst value seen. In a grading, neither variable is set:
 `seed()` returns the test's own seed and `note()` writes nothing.
 """

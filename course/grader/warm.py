@@ -1,7 +1,7 @@
 """Many gradings, one warm Python: pytest and torch imported once, a fork per grading.
 
-tests/test_mutants.py grades about ninety copies of the solutions, each as
-`python -m pytest tests/test_NN_*.py --impl=COPY ...` would. A fresh interpreter spends
+tests/mutants/test_mutants.py grades about ninety copies of the solutions, each as
+`python -m pytest tests/lessons/test_NN_*.py --impl=COPY ...` would. A fresh interpreter spends
 3 s of CPU importing pytest and torch before it collects a test (2 cores, measured
 2026-12-01), a quarter of a typical mutant's grading. Here one server process,
 started with the environment `launch.run` gives a grading, imports them once; for each

@@ -1,6 +1,6 @@
 """Realistic wrong versions of lesson 00 (environment check), and an honest different one.
 
-See tests/mutants/lesson_03.py for the format; tests/test_mutants.py applies them.
+See tests/mutants/lesson_03.py for the format; tests/mutants/test_mutants.py applies them.
 """
 
 FILE = "00_environment/env_check.py"

@@ -1,6 +1,6 @@
 """Realistic wrong versions of lesson 01 (one device), and an honest different one.
 
-See tests/mutants/lesson_03.py for the format; tests/test_mutants.py applies them.
+See tests/mutants/lesson_03.py for the format; tests/mutants/test_mutants.py applies them.
 """
 
 FILE = "01_single_device/train.py"

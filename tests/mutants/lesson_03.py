@@ -5,7 +5,7 @@ solutions/03_ddp_spawn/train.py and becomes `new`. A mutant must be rejected
 by the tests whose names contain `caught_by`; an alternative must pass every
 test of the lesson. An entry may carry `also`, more old/new edits of the same
 submission (two honest rewrites of different TODOs graded in one run).
-tests/test_mutants.py applies them.
+tests/mutants/test_mutants.py applies them.
 """
 
 FILE = "03_ddp_spawn/train.py"

@@ -4,7 +4,7 @@ Each entry rewrites the reference solution: `old` must appear exactly once in
 solutions/05_collectives/collectives.py and becomes `new`. A mutant must be rejected
 by the tests whose names contain `caught_by` (and its report contain the words in
 `says`, if given); an alternative must pass every test of the lesson.
-tests/test_mutants.py applies them.
+tests/mutants/test_mutants.py applies them.
 """
 
 FILE = "05_collectives/collectives.py"
@@ -18,7 +18,7 @@ MUTANTS = [
         new="        request = dist.send(send, right) if send.numel() else None\n",
         caught_by="sums_over_every_rank",
         # The report names the hang and its fix (the process-group timeout fires before
-        # any deadline kills the run): tests/test_mutants.py checks these words.
+        # any deadline kills the run): tests/mutants/test_mutants.py checks these words.
         says=("ring did not finish", "dist.isend"),
     ),
     dict(

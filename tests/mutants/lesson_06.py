@@ -3,7 +3,7 @@
 Each entry rewrites the reference solution: `old` must appear exactly once in
 solutions/06_ddp_from_scratch/mini_ddp.py and becomes `new`. A mutant must be rejected
 by the tests whose names contain `caught_by`; an alternative must pass every test of
-the lesson. tests/test_mutants.py applies them.
+the lesson. tests/mutants/test_mutants.py applies them.
 """
 
 FILE = "06_ddp_from_scratch/mini_ddp.py"

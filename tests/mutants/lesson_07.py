@@ -3,7 +3,7 @@
 Each entry rewrites the reference solution: `old` must appear exactly once in
 solutions/07_multinode/launch.py and becomes `new`. A mutant must be rejected by the
 tests whose names contain `caught_by`; an alternative must pass every test of the
-lesson. tests/test_mutants.py applies them.
+lesson. tests/mutants/test_mutants.py applies them.
 """
 
 FILE = "07_multinode/launch.py"

@@ -8,7 +8,7 @@ as a property, so the report can sort the tests into the suite's kinds:
 
     mutation   grades a mutant, an honest alternative or a cheat (tests/mutants/)
     gpus       a test that needs GPUs (its nccl variant, or marked gpus without one)
-    lessons    the lesson tests (tests/test_NN_*.py) that grade the reference
+    lessons    the lesson tests (tests/lessons/test_NN_*.py) that grade the reference
     other      the course's own unit tests, the site, the notebooks, the container
 
 A test's seconds are its setup, call and teardown, as pytest reports them; a
@@ -53,7 +53,7 @@ class Test:
 
     @property
     def lesson(self) -> str | None:
-        """The lesson a test grades: tests/test_NN_*.py, or a mutation case NN-..."""
+        """The lesson a test grades: tests/lessons/test_NN_*.py, or a mutation case NN-..."""
         if found := re.search(r"(?:^|/)test_(\d\d)_", self.file):
             return found.group(1)
         if "mutation" in self.markers and (found := MUTANT_ID.search(self.name)):

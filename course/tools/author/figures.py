@@ -20,7 +20,7 @@ by one of the course's own commands, which the record names in its provenance:
   what it ran on.
 
 The site's hook asks `recipe()` for every record it renders, so a page cannot show a figure
-that this command does not know how to make (tests/test_course_figures.py).
+that this command does not know how to make (tests/course/tools/author/test_figures.py).
 """
 
 from __future__ import annotations

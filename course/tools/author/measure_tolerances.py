@@ -10,7 +10,8 @@ A lesson test declares each bound it grades with (course/grader/tolerances.py). 
 runs the test that measures a bound on the reference solution once per seed of the bound,
 collects what the test saw, and writes the distribution with its provenance to
 docs/results/tolerances/cpu.json (bounds not measured this time keep their entries). The
-pages quote that record, and tests/test_tolerances.py checks that every declared bound is
+pages quote that record, and tests/course/grader/test_tolerances.py checks that every declared
+bound is
 measured there with its current value, and has room above the worst value the reference
 reached. Run it after changing a bound, a test's recipe or a lesson's reference.
 

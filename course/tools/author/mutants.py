@@ -3,7 +3,7 @@
 Each mutant is a mistake a student makes, written into a copy of the reference solution
 (`old` becomes `new`; `also` lists more edits of the same submission); `caught_by` names
 the tests that must reject it, as a pytest -k expression of words joined by " or ". Each
-alternative is a correct solution written differently. tests/test_mutants.py grades them
+alternative is a correct solution written differently. tests/mutants/test_mutants.py grades them
 all; `python -m course tolerances --mistakes` measures how far each mutant lands from the
 bounds the tests that catch it declare.
 """

@@ -3,7 +3,7 @@
 A page never shows an output block typed by hand. It shows a record: the
 reference solution run on the CPU by this command (on GPUs, for the few
 recordings that name them: only where they are visible), its exact output,
-and where and when it ran. tests/test_recorded_outputs.py runs the same commands
+and where and when it ran. tests/site/test_recorded_outputs.py runs the same commands
 again and fails when what they print today differs from the record (timings
 and throughput aside, which differ from run to run), so a page cannot drift
 from the code. Re-record with `python -m course record` after a change.
@@ -121,7 +121,7 @@ def get(name: str) -> Recording:
 # OMP_NUM_THREADS says (course.launch pins it). That narrows what the processor changes, and does
 # not remove it: on an AMX Xeon lesson 01's epoch-3 test accuracy was 96.66 %, on the
 # processor of the earlier records 97.49 %, both pinned. A record names its processor,
-# and tests/test_recorded_outputs.py allows a measured wider band on another one.
+# and tests/site/test_recorded_outputs.py allows a measured wider band on another one.
 PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 

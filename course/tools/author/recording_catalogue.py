@@ -2,7 +2,7 @@
 
 A Recording names a script (the reference, or a broken starter of lesson 09), its
 arguments and environment, and what the page says it shows; course/tools/author/record.py runs
-them and keeps their outputs, and tests/test_recorded_outputs.py runs them again.
+them and keeps their outputs, and tests/site/test_recorded_outputs.py runs them again.
 
 Over 300 lines, on purpose: one list of every output block the site shows, each a few
 lines, in course order; split by lesson it would be many small files read together.

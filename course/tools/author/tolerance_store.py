@@ -1,7 +1,8 @@
 """The tolerance record's rules: docs/results/tolerances/cpu.json, its entries and checks.
 
 `python -m course tolerances` (course/tools/author/measure_tolerances.py) writes the
-record; the pages' tables (docs/hooks/directives/tolerances.py) and tests/test_tolerances.py
+record; the pages' tables (docs/hooks/directives/tolerances.py) and
+tests/course/grader/test_tolerances.py
 read it through these functions: what an entry holds, what is wrong with it, and how far a
 value lies outside a bound, on the reference's side and on the mistakes'.
 """

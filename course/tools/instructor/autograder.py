@@ -74,8 +74,7 @@ def files_for(numbers: list[str]) -> list[Path]:
     for path in sorted((REPO_ROOT / "course").rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts:
             chosen.append(path)
-    tests = REPO_ROOT / "tests"
-    chosen += [tests / "conftest.py", *sorted((tests / "cases").glob("*.py"))]
+    chosen += sorted((REPO_ROOT / "tests" / "lessons" / "cases").glob("*.py"))
     for number in numbers:
         chosen += registry.tests(number)
     chosen += [REPO_ROOT / "pyproject.toml", REPO_ROOT / "README.md"]

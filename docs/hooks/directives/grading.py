@@ -1,4 +1,4 @@
-"""``<!-- grading: tests/test_NN_*.py -->``: the table of a lesson's graded tests, read with
+"""``<!-- grading: tests/lessons/test_NN_*.py -->``: the table of a lesson's graded tests, read with
 the grader's own rules (course/grader/rules.py)."""
 
 from __future__ import annotations

@@ -266,7 +266,7 @@ def render_sizes(root: Path = ROOT) -> str:
     out.append(
         f"Targets: at most {sizes.MAX_CODE_LINES} code lines a solution, and at most "
         f"{sizes.MAX_CHANGED} code lines added plus removed against the lesson it builds on "
-        "(`tests/test_course_sizes.py` fails past them)."
+        "(`tests/course/tools/author/test_sizes.py` fails past them)."
     )
     return "\n".join(out) + "\n"
 

@@ -2,7 +2,8 @@
 ``<!-- tolerances: NN -->`` (a lesson's table) and ``[[tolerance:NN:NAME]]`` (one bound, inline).
 
 A page never types a measured tolerance: it quotes docs/results/tolerances/cpu.json, which
-`python -m course tolerances` writes and tests/test_tolerances.py keeps in step with the
+`python -m course tolerances` writes and tests/course/grader/test_tolerances.py keeps in step with
+the
 bounds the tests declare. A bound with only a floor is an accuracy in this course (the
 test checks that every such bound is a `learned` one), and shows as a percentage.
 """
