@@ -2,10 +2,9 @@
 
 It holds what every lesson shares, the grader, the probes and the tools, so
 that a lesson file can stay about its one idea. The folders are the concerns;
-where a new helper goes:
+where a new helper goes (tests/course/test_layout.py checks this map against the files):
 
-  course/            what the lessons import, and the modules every other folder
-                     stands on. Imports nothing from grader/, probes/ or tools/.
+  course/            what the lessons import, and the registry; imports nothing below it
     options          the command line every lesson shares
     data             data sets, loaders, the resumable sampler
     models           the models (--model, --norm)
@@ -14,26 +13,34 @@ where a new helper goes:
     atomic           the one atomic file writer (checkpoints, metrics, results, records)
     ranks            process groups: ports, timeouts, CPU shares, means over ranks
     runtime          seeding, device choice, one-line errors
-    lessons          the registry: each lesson's number, folder, script, launcher, and
-                     the command that starts it
-    procs            processes with deadlines: launch, kill the group, collect rank logs
-    warmstart        a launch's Python processes forked from a zygote that imported torch
+    memory           the saved-tensor meter: activations autograd keeps (lesson 09)
+    stages           lesson 11's watched pipeline stage and its bubble
+    registry         the lessons, and their facts: tests(), command(), impl_folder()
+
+  course/launch/     starting, watching and killing processes (never imported by lessons)
+    result           RunResult, the deadlines' scale, a hang's likely cause
+    deadline         the one deadline-and-kill core (watch, end_group) and Cancel
+    command          run, python, run_all: a command in its own session, under a deadline
+    fork             forked: a function in a fork of this process, the same way
+    torchrun         run_torchrun: launched again after torchrun's agent race
+    launcher         Launcher: launches bound to one Cancel (the grader's fixture)
+    environment      the child's environment, user and resource limits
+    reaper           kill a process group; adopt and kill orphans that left it
+    warm/            the optional speed-up: Python processes forked from a zygote that
+                     imported torch (protocol, client, zygote, child, pool)
 
   course/grader/     everything that grades a submission (python -m course grade)
-    plugin           the pytest plugin: its hooks, wiring the parts below into pytest
-    gradebook        the grade book: points, the table per lesson, the Gradescope JSON
-    rules            the grading rules read from the tests (points, markers, titles),
-                     for the plugin, the site's grading tables and the mutation tests
-    imports          the import check: each lesson file imported in a child before its
-                     first test; a file that hangs or fails there fails its tests at once
-    launches         the launches a lesson's tests share (needed, shared), and -n
-                     scheduling by test file
-    cases            a lesson's functions called in a child by its case script
-                     (tests/lessons/cases/): the protocol and the child's side; case_ranks: the
-                     ranks a case starts; case_runs: the grader's side, what came back
+    plugin           the pytest plugin's hooks: options, setup, timeouts, reports
+    fixtures         what the lesson tests use: impl, backend, launcher, run_script
+    gradebook        the grade: points, the table, the Gradescope JSON
+    imports          the import check: each lesson file imported in a child first
+    launches         shared launches (needed, shared) and the -n scheduling by file
+    rules            the grading rules read from the tests (points, markers, titles)
+    cases            the case scripts' protocol (what a child sends back)
+    case_runs        running a case script on a lesson file, reading what it sent
+    case_ranks       the ranks a case starts, and their errors
     submission       loading a submission's lesson file, each failure in one line
-    judge            numbers the grader computes itself: accuracy of saved weights,
-                     the reference weights a run must end with
+    judge            numbers the grader computes itself (accuracy, reference weights)
     warm             a warm grading server: one fork per grading
     tolerances       bounds declared by the tests, measured by `course tolerances`
     the grading kit, how a by-hand exercise is done (docs/contributing.md):
@@ -43,17 +50,16 @@ where a new helper goes:
     draws            rank counts, stages, orders drawn from the printed grading seed
 
   course/probes/     inside every launched process, armed by COURSE_* variables;
-                     they import nothing heavy at start-up (_site/sitecustomize.py
-                     installs them: course.launch puts _site on PYTHONPATH)
+                     they import nothing heavy at start-up (_site/sitecustomize.py, the
+                     entry point, installs them: course.launch puts _site on PYTHONPATH)
     write_log, batch_log, weight_log, ddp_log, connect_log: what a rank did
     comm_log         every collective and message of each rank (grader's recorder)
     rank_output      each rank's stdout and stderr in a file of its own
     chaos            faults on purpose: kill a rank at a step, or mid-write
     step_clock       when each optimizer step ended, and how long the next batch took
-                     to arrive (for the benchmarks and `course clock`)
     lines            how they append to their logs: one O_APPEND write a line
 
-  course/tools/      the command-line tools, by who runs them
+  course/tools/      the command-line tools (python -m course VERB), by who runs them
     cli              python -m course: VERBS, each verb once (name, who, module, help)
     verbs            what a verb is; the parser and --help built from the table
     student/         hints, clock, spy, bandwidth, timeline, sharding_memory
@@ -63,9 +69,12 @@ where a new helper goes:
                      measure_tolerances (course tolerances) and tolerance_store (its
                      record), mutants, durations, schedules, zero_stages
 
-The rules are tested (tests/course/test_layout.py): lessons import only the
-top level; the top level imports nothing below it; probes import nothing heavy
-when they load; no import cycles.
+The rules are tested (tests/course/test_layout.py): lessons import only the top level;
+the top level holds only what they import and the registry, and imports nothing below it;
+launch/ is imported by the grader, the tools and the probes' entry point only; probes
+import nothing heavy when they load; no import cycles; no module over 400 lines; no
+module writes another's globals or shares mutable state across folders; no module names
+another folder's module by string.
 """
 
 from pathlib import Path

@@ -305,3 +305,68 @@ def test_no_module_imports_another_folders_module_by_string():
                 if s in files and s != "course" and folder(s) != folder(m):
                     wrong.append(f"{m}:{node.lineno} names {s}")
     assert not wrong, f"modules named by string across folders: {wrong}"
+
+
+# --- the maps: course/__init__.py, the README's layout table, the contributing page -------
+
+
+def _map_sections() -> dict[str, str]:
+    """{folder: its part of course/__init__.py's map}, "top" for course/ itself."""
+    doc = ast.get_docstring(ast.parse((COURSE / "__init__.py").read_text(encoding="utf-8")))
+    sections, current = {}, None
+    for line in doc.splitlines():
+        head = re.match(r"^  course/(\w+/)?\s", line)
+        if head:
+            current = head.group(1).rstrip("/") if head.group(1) else "top"
+        elif line.strip() and not line.startswith("    ") and current is not None:
+            current = None if not line.startswith("                 ") else current
+        if current is not None:
+            sections[current] = sections.get(current, "") + line + "\n"
+    return sections
+
+
+def test_the_map_names_every_module_in_its_folder_and_nothing_else():
+    sections = _map_sections()
+    assert set(sections) == {"top", *FOLDERS}, sorted(sections)
+    missing = []
+    for m in modules():
+        parts = m.split(".")
+        if m in ("course", "course.__main__") or (len(parts) == 2 and parts[1] in FOLDERS):
+            continue
+        text = sections[folder(m)]
+        if folder(m) == "top":
+            want = parts[1]
+        elif len(parts) == 3:
+            want = parts[2] + ("/" if (COURSE / parts[1] / parts[2]).is_dir() else "")
+        else:  # in a sub-folder: the sub-folder, and the module when it is one level down
+            want = parts[3] if len(parts) == 4 else parts[3] + "/"
+            missing += [f"{m} ({parts[2]}/)"] if f"{parts[2]}/" not in text else []
+        if not re.search(rf"(?<![\w/]){re.escape(want)}(?![\w])", text):
+            missing.append(f"{m} ({want})")
+    assert not missing, f"course/__init__.py's map does not name: {missing}"
+    listed = {
+        (name, section)
+        for section, text in sections.items()
+        for name in re.findall(r"^    (\w+/?) {2,}", text, re.M)
+    }
+    known = {m.split(".")[-1] for m in modules()} | {
+        p.name + "/" for p in COURSE.rglob("*") if p.is_dir() and (p / "__init__.py").exists()
+    }
+    unknown = sorted(f"{s}: {n}" for n, s in listed if n not in known)
+    assert not unknown, f"the map names modules that do not exist: {unknown}"
+
+
+def test_the_readme_and_the_contributing_page_show_every_folder():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## Layout") :]
+    layout = layout[: layout.index("\n## ", 1)]
+    page = (ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
+    table = page[page.index("## Where things go") :]
+    wanted = [f"course/{f}/" for f in FOLDERS]
+    tests = ["tests/lessons/", "tests/mutants/", "tests/course/", "tests/site/", "tests/ops/"]
+    assert not [w for w in [*wanted, *tests] if f"`{w}`" not in layout], layout
+    assert not [w for w in wanted if f"| `{w}` |" not in table], "contributing: Where things go"
+    for folder_ in tests:  # they exist, and nothing else sits beside them but the conftest
+        assert (ROOT / folder_).is_dir(), folder_
+    loose = sorted(p.name for p in (ROOT / "tests").glob("*.py") if p.name != "conftest.py")
+    assert not loose, f"test files outside the audiences' folders: {loose}"
