@@ -90,14 +90,26 @@ def parser(
     return p
 
 
-def parse(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
-    """Parse, refuse the combinations that cannot work, and add what the flags imply:
+class Options(argparse.Namespace):
+    """What `parse` returns: the parsed flags, and two attributes they imply.
 
-    args.progress       a progress bar only for a person watching: not with --quiet,
-                        not into a log file
-    args.memory_format  the layout --channels-last asks for, for model.to()
+    The flags are the parser's (`--batch-size` is `args.batch_size`); these two are not
+    flags but set by `parse` from them, declared here so that a reader (and an editor)
+    finds where `args.progress` and `args.memory_format` come from.
     """
-    args = p.parse_args(argv)
+
+    progress: bool
+    """Show a progress bar: only for a person watching, so not with --quiet and not
+    when stderr goes into a log file."""
+    memory_format: torch.memory_format
+    """The layout --channels-last asks for (torch.channels_last, else
+    torch.preserve_format), for `model.to(device, memory_format=...)`."""
+
+
+def parse(p: argparse.ArgumentParser, argv=None) -> Options:
+    """Parse, refuse the combinations that cannot work, and add what the flags imply
+    (`Options.progress` and `Options.memory_format`)."""
+    args = p.parse_args(argv, namespace=Options())
     if isinstance(getattr(args, "data", None), str):  # a missing folder: one line, no rank
         try:
             data.check(args.data, getattr(args, "image_size", None))

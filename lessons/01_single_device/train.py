@@ -15,6 +15,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from course import checkpoint, data, models, options
+
+# Plain names for the checkpoint code: save is torch.save through a temporary file and a
+# rename (a crash leaves the old file whole); rng_state/set_rng_state cover every generator
+# a run draws from (torch's on the CPU and each GPU, NumPy's, Python's).
+from course.checkpoint import rng_state, save, set_rng_state
 from course.metrics import RunLog
 from course.runtime import exit_with_one_line, pick_device, seed_everything
 
@@ -40,7 +45,7 @@ def train_one_epoch(model, loader, optimizer, device, max_steps=None, progress=F
         labels = labels.to(device, non_blocking=True)
         # TODO: one optimizer step on this batch, its loss kept in `loss`. Every later
         # lesson keeps this step and changes only where the batch comes from.
-        raise NotImplementedError("TODO at 01_single_device/train.py:43 is not done yet")
+        raise NotImplementedError("TODO at 01_single_device/train.py:48 is not done yet")
         # detach, no .item(): keep the number on the device, don't wait for the GPU.
         total_loss += loss.detach() * len(labels)
         images_seen += len(labels)
@@ -63,7 +68,7 @@ def evaluate(model, loader, device) -> tuple[float, float]:
         images, labels = images.to(device), labels.to(device)
         # TODO: add this batch's summed loss and its number of right answers to the totals.
         # The mean is over examples: the last batch is smaller, a mean of means is wrong.
-        raise NotImplementedError("TODO at 01_single_device/train.py:66 is not done yet")
+        raise NotImplementedError("TODO at 01_single_device/train.py:71 is not done yet")
         seen += len(labels)
     return total_loss / max(seen, 1), correct / max(seen, 1)
 
@@ -76,14 +81,14 @@ def checkpoint_state(model, optimizer, epoch: int, step: int) -> dict:
     """Everything a resumed run needs; `epoch` counts the epochs completed."""
     # TODO: a dict with the keys "model", "optimizer", "epoch", "step" and "rng": whatever
     # is missing makes a resumed run differ from one that never stopped.
-    raise NotImplementedError("TODO at 01_single_device/train.py:79 is not done yet")
+    raise NotImplementedError("TODO at 01_single_device/train.py:84 is not done yet")
 
 
 def restore(state: dict, model, optimizer) -> tuple[int, int]:
     """Load a checkpoint_state() dict into model and optimizer; returns (epoch, step)."""
     # TODO: put a checkpoint_state() dict back, so that training continues as if it had
     # never stopped, and return (epoch, step).
-    raise NotImplementedError("TODO at 01_single_device/train.py:86 is not done yet")
+    raise NotImplementedError("TODO at 01_single_device/train.py:91 is not done yet")
 
 
 # --8<-- [end:checkpoint]
@@ -132,7 +137,7 @@ def train(device: torch.device, args) -> dict:
         log.epoch(epoch + 1, train_loss, test_loss, accuracy, images, seconds, steps, complete)
         # Only a complete epoch is saved: a resumed run restarts at an epoch boundary.
         if args.checkpoint and complete:
-            checkpoint.save(checkpoint_state(model, optimizer, epoch + 1, step), args.checkpoint)
+            save(checkpoint_state(model, optimizer, epoch + 1, step), args.checkpoint)
     return log.finish(evaluate(model, test_loader, device)[1], step)
 
 

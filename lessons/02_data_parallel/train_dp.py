@@ -15,6 +15,11 @@ from torch import nn
 from tqdm import tqdm
 
 from course import checkpoint, data, models, options
+
+# Plain names for the checkpoint code: save is torch.save through a temporary file and a
+# rename (a crash leaves the old file whole); rng_state/set_rng_state cover every generator
+# a run draws from (torch's on the CPU and each GPU, NumPy's, Python's).
+from course.checkpoint import rng_state, save, set_rng_state
 from course.metrics import RunLog
 from course.runtime import exit_with_one_line, gpu_ids, pick_device, seed_everything
 
@@ -80,14 +85,14 @@ def wrap_model(model: nn.Module, device_ids: list[int]) -> nn.Module:
     """The model to train: DataParallel over `device_ids` when there are 2 or more."""
     # TODO: DataParallel over two or more GPUs, the model itself otherwise: over one GPU
     # it only adds the cost of scattering the batch and gathering the outputs.
-    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:83 is not done yet")
+    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:88 is not done yet")
 
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain model inside a DataParallel wrapper (or the model itself)."""
     # TODO: the plain model inside a wrapper (a plain model as it is). The wrapper names
     # every weight "module.<name>": saved from it, a checkpoint won't load into lesson 01.
-    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:90 is not done yet")
+    raise NotImplementedError("TODO at 02_data_parallel/train_dp.py:95 is not done yet")
 
 
 # --8<-- [end:wrap]
@@ -101,7 +106,7 @@ def checkpoint_state(model, optimizer, epoch: int, step: int) -> dict:
         "optimizer": optimizer.state_dict(),
         "epoch": epoch,
         "step": step,
-        "rng": checkpoint.rng_state(),
+        "rng": rng_state(),
     }
 
 
@@ -109,7 +114,7 @@ def restore(state: dict, model, optimizer) -> tuple[int, int]:
     """Load a checkpoint_state() dict into model and optimizer; returns (epoch, step)."""
     unwrap(model).load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    checkpoint.set_rng_state(state["rng"])
+    set_rng_state(state["rng"])
     return state["epoch"], state["step"]
 
 
@@ -169,7 +174,7 @@ def train(device: torch.device, args) -> dict:
         log.epoch(epoch + 1, train_loss, test_loss, accuracy, images, seconds, steps, complete)
         # Only a complete epoch is saved: a resumed run restarts at an epoch boundary.
         if args.checkpoint and complete:
-            checkpoint.save(checkpoint_state(model, optimizer, epoch + 1, step), args.checkpoint)
+            save(checkpoint_state(model, optimizer, epoch + 1, step), args.checkpoint)
     return log.finish(evaluate(model, test_loader, device)[1], step)
 
 

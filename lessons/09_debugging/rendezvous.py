@@ -19,7 +19,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from course import options, ranks
+from course import options
+
+# A silent wait with an exact end (wait_until polls ready() every 0.1 s until a deadline)
+# and a one-second TCP probe (port_answers): TCPStore's own retries print C++ frames.
+from course.ranks import from_environment, port_answers, say, wait_until
 from course.runtime import exit_with_one_line
 
 
@@ -53,7 +57,7 @@ def join(backend: str, timeout: float) -> tuple[int, int]:
     """Join the group that RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT describe; returns
     (rank, world size). A setting that cannot work raises a one-line ValueError or
     ConnectionError within about `timeout` seconds."""
-    rank, world_size, addr, port = ranks.from_environment()  # one line if one is wrong
+    rank, world_size, addr, port = from_environment()  # one line if one is wrong
     # TODO: PyTorch's defaults wait up to 30 minutes, then print a wall of C++ frames, or
     # fail at once with an error that does not say which setting is wrong. Check each
     # setting, wait at most `timeout` seconds for the others, and raise one line that
@@ -69,13 +73,11 @@ def main(argv=None):
     # it waits), then exits 1. A fixed join() has failed long before.
     faulthandler.dump_traceback_later(args.give_up, exit=True)
     rank, world_size = join(args.backend, args.timeout)
-    device = torch.device("cpu")
     if args.backend == "nccl":  # one GPU per rank, as many ranks per machine as GPUs
-        device = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    ones = torch.ones(1, device=device)
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    ones = torch.ones(1, device="cuda" if args.backend == "nccl" else "cpu")  # the current GPU
     dist.all_reduce(ones)  # the group works: every rank adds its 1
-    ranks.say(f"rank {rank}: joined {world_size} ranks; all_reduce of ones gave {ones.item():g}")
+    say(f"rank {rank}: joined {world_size} ranks; all_reduce of ones gave {ones.item():g}")
     dist.destroy_process_group()
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from course import checkpoint, models, options, ranks
+from course import models, options, ranks
 from course.runtime import exit_with_one_line
 
 

@@ -15,6 +15,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from course import checkpoint, data, models, options
+
+# Plain names for the checkpoint code: save is torch.save through a temporary file and a
+# rename (a crash leaves the old file whole); rng_state/set_rng_state cover every generator
+# a run draws from (torch's on the CPU and each GPU, NumPy's, Python's).
+from course.checkpoint import rng_state, save, set_rng_state
 from course.metrics import RunLog
 from course.runtime import exit_with_one_line, pick_device, seed_everything
 
@@ -104,16 +109,17 @@ def checkpoint_state(model, optimizer, epoch: int, step: int) -> dict:
     # is missing makes a resumed run differ from one that never stopped.
     # HINT 1: Three kinds of state change during training: the weights, the optimizer's
     #   own buffers (SGD's momentum) and the random generators (shuffling, augmentation).
-    # HINT 2: model.state_dict(), optimizer.state_dict() and checkpoint.rng_state().
+    # HINT 2: model.state_dict(), optimizer.state_dict() and rng_state() (imported at the
+    #   top: torch.get_rng_state() and the other generators' states together).
     # HINT 3: return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-    #   "epoch": epoch, "step": step, "rng": checkpoint.rng_state()}.
+    #   "epoch": epoch, "step": step, "rng": rng_state()}.
     ### BEGIN SOLUTION
     return {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "epoch": epoch,
         "step": step,
-        "rng": checkpoint.rng_state(),
+        "rng": rng_state(),
     }
     ### END SOLUTION
 
@@ -123,14 +129,14 @@ def restore(state: dict, model, optimizer) -> tuple[int, int]:
     # TODO: put a checkpoint_state() dict back, so that training continues as if it had
     # never stopped, and return (epoch, step).
     # HINT 1: Undo checkpoint_state() key by key.
-    # HINT 2: model.load_state_dict, optimizer.load_state_dict and
-    #   checkpoint.set_rng_state.
-    # HINT 3: load the two state dicts, checkpoint.set_rng_state(state["rng"]), return
+    # HINT 2: model.load_state_dict, optimizer.load_state_dict and set_rng_state
+    #   (imported at the top, the counterpart of rng_state).
+    # HINT 3: load the two state dicts, set_rng_state(state["rng"]), return
     #   state["epoch"], state["step"].
     ### BEGIN SOLUTION
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    checkpoint.set_rng_state(state["rng"])
+    set_rng_state(state["rng"])
     return state["epoch"], state["step"]
     ### END SOLUTION
 
@@ -181,7 +187,7 @@ def train(device: torch.device, args) -> dict:
         log.epoch(epoch + 1, train_loss, test_loss, accuracy, images, seconds, steps, complete)
         # Only a complete epoch is saved: a resumed run restarts at an epoch boundary.
         if args.checkpoint and complete:
-            checkpoint.save(checkpoint_state(model, optimizer, epoch + 1, step), args.checkpoint)
+            save(checkpoint_state(model, optimizer, epoch + 1, step), args.checkpoint)
     return log.finish(evaluate(model, test_loader, device)[1], step)
 
 

@@ -19,7 +19,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from course import options, ranks
+from course import options
+
+# A silent wait with an exact end (wait_until polls ready() every 0.1 s until a deadline)
+# and a one-second TCP probe (port_answers): TCPStore's own retries print C++ frames.
+from course.ranks import from_environment, port_answers, say, wait_until
 from course.runtime import exit_with_one_line
 
 
@@ -53,7 +57,7 @@ def join(backend: str, timeout: float) -> tuple[int, int]:
     """Join the group that RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT describe; returns
     (rank, world size). A setting that cannot work raises a one-line ValueError or
     ConnectionError within about `timeout` seconds."""
-    rank, world_size, addr, port = ranks.from_environment()  # one line if one is wrong
+    rank, world_size, addr, port = from_environment()  # one line if one is wrong
     # TODO: PyTorch's defaults wait up to 30 minutes, then print a wall of C++ frames, or
     # fail at once with an error that does not say which setting is wrong. Check each
     # setting, wait at most `timeout` seconds for the others, and raise one line that
@@ -63,8 +67,8 @@ def join(backend: str, timeout: float) -> tuple[int, int]:
     #   others connect to, then init_process_group(store=..., rank=..., world_size=...,
     #   timeout=...). Before a client connects, wait until rank 0's port answers (silent and
     #   exact); then every rank writes its world size into the store and compares.
-    # HINT 2: interface_problem(backend); ranks.wait_until(deadline, lambda:
-    #   ranks.port_answers(addr, port)) before a client's TCPStore;
+    # HINT 2: interface_problem(backend); wait_until(deadline, lambda: port_answers(addr,
+    #   port)) (both imported at the top) before a client's TCPStore;
     #   rank 0's TCPStore raises dist.DistNetworkError with "EADDRINUSE" in its message when
     #   the port is taken; store.set(f"world_size/{rank}", ...), store.check(keys) and
     #   store.get(key) (rank 0 reads every rank's, the others read rank 0's).
@@ -79,7 +83,7 @@ def join(backend: str, timeout: float) -> tuple[int, int]:
         raise ValueError(problem)
     deadline = time.monotonic() + timeout
     # A client waits for rank 0's port in silence (TCPStore's own retries print C++ frames).
-    if rank > 0 and not ranks.wait_until(deadline, lambda: ranks.port_answers(addr, port)):
+    if rank > 0 and not wait_until(deadline, lambda: port_answers(addr, port)):
         raise ConnectionError(
             f"nobody answered at MASTER_ADDR:MASTER_PORT = {addr}:{port} within "
             f"{timeout:g} s: is rank 0 running, with this address and port?"
@@ -94,7 +98,7 @@ def join(backend: str, timeout: float) -> tuple[int, int]:
     # others read rank 0's, and say so: rank 0 serves the store, it leaves after them.
     store.set(f"world_size/{rank}", str(world_size))
     keys = [f"world_size/{r}" for r in (range(world_size) if rank == 0 else [0])]
-    if not ranks.wait_until(deadline, lambda: store.check(keys)):
+    if not wait_until(deadline, lambda: store.check(keys)):
         raise ConnectionError(
             f"not every rank of WORLD_SIZE={world_size} reached {addr}:{port} within "
             f"{timeout:g} s: is every rank started, with the same WORLD_SIZE?"
@@ -102,7 +106,7 @@ def join(backend: str, timeout: float) -> tuple[int, int]:
     sizes = {int(key.split("/")[1]): int(store.get(key)) for key in keys}
     store.set(f"read/{rank}", "")
     if rank == 0:
-        ranks.wait_until(deadline, lambda: store.check([f"read/{r}" for r in sizes]))
+        wait_until(deadline, lambda: store.check([f"read/{r}" for r in sizes]))
     for other, size in sizes.items():
         if size != world_size:
             raise ValueError(
@@ -121,13 +125,11 @@ def main(argv=None):
     # it waits), then exits 1. A fixed join() has failed long before.
     faulthandler.dump_traceback_later(args.give_up, exit=True)
     rank, world_size = join(args.backend, args.timeout)
-    device = torch.device("cpu")
     if args.backend == "nccl":  # one GPU per rank, as many ranks per machine as GPUs
-        device = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    ones = torch.ones(1, device=device)
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    ones = torch.ones(1, device="cuda" if args.backend == "nccl" else "cpu")  # the current GPU
     dist.all_reduce(ones)  # the group works: every rank adds its 1
-    ranks.say(f"rank {rank}: joined {world_size} ranks; all_reduce of ones gave {ones.item():g}")
+    say(f"rank {rank}: joined {world_size} ranks; all_reduce of ones gave {ones.item():g}")
     dist.destroy_process_group()
 
 

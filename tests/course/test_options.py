@@ -85,3 +85,13 @@ def test_non_negative_float():
     for bad in ("-1", "nan"):
         with pytest.raises(Exception, match="must be 0 or more"):
             options.non_negative_float(bad)
+
+
+def test_what_parse_adds_is_declared():
+    """args.progress and args.memory_format are not flags: options.Options declares them,
+    so that a reader (and an editor) finds where they come from."""
+    args = parse("--quiet")
+    assert isinstance(args, options.Options)
+    declared = options.Options.__annotations__
+    assert {"progress", "memory_format"} <= set(declared), declared
+    assert all(name in vars(args) for name in declared)

@@ -253,7 +253,7 @@ def test_resume_is_bit_exact(resume_runs):
     assert not differ, (
         f"resumed weights differ from the uninterrupted run's: {differ[:5]}. Likely cause: "
         "something the run depends on is not saved or not restored: the optimizer's momentum, "
-        "or the random generators (checkpoint.rng_state / set_rng_state)"
+        "or the random generators (rng_state() / set_rng_state())"
     )
     for key, buf in a["optimizer"]["state"].items():
         assert torch.equal(buf["momentum_buffer"], b["optimizer"]["state"][key]["momentum_buffer"])
@@ -353,7 +353,7 @@ def test_checkpoint_state_round_trip(train):
     )
     assert torch.equal(tensors["draw"], tensors["expected_draw"]), (
         "after restore() the random generators draw different numbers than after the save. "
-        "Likely cause: the RNG state is not saved (checkpoint.rng_state()) or not restored"
+        "Likely cause: the RNG state is not saved (rng_state()) or not restored (set_rng_state)"
     )
     saved = [k.removeprefix("saved/") for k in tensors if k.startswith("saved/")]
     wrong = [k for k in saved if not torch.equal(tensors[f"saved/{k}"], tensors[f"restored/{k}"])]

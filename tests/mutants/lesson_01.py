@@ -37,8 +37,8 @@ MUTANTS = [
     dict(
         name="epoch_in_progress_saved",
         why="the checkpoint says `epoch` (the one in progress) instead of epoch + 1 (done)",
-        old="checkpoint.save(checkpoint_state(model, optimizer, epoch + 1, step), args.checkpoint)",
-        new="checkpoint.save(checkpoint_state(model, optimizer, epoch, step), args.checkpoint)",
+        old="save(checkpoint_state(model, optimizer, epoch + 1, step), args.checkpoint)",
+        new="save(checkpoint_state(model, optimizer, epoch, step), args.checkpoint)",
         caught_by="checkpoint_is_complete or resume_is_bit_exact",
     ),
     dict(
@@ -51,7 +51,7 @@ MUTANTS = [
     dict(
         name="rng_not_restored",
         why="restore() forgets the random generators: the resumed epoch shuffles differently",
-        old='    checkpoint.set_rng_state(state["rng"])\n',
+        old='    set_rng_state(state["rng"])\n',
         new="",
         caught_by="round_trip or resume_is_bit_exact",
     ),
@@ -76,7 +76,7 @@ MUTANTS = [
     dict(
         name="checkpoint_written_in_place",
         why="torch.save straight onto --checkpoint: a crash mid-write destroys the last epoch",
-        old="            checkpoint.save(checkpoint_state(model, optimizer, epoch + 1, step), "
+        old="            save(checkpoint_state(model, optimizer, epoch + 1, step), "
         "args.checkpoint)\n",
         new="            torch.save(checkpoint_state(model, optimizer, epoch + 1, step), "
         "args.checkpoint)\n",
@@ -87,12 +87,12 @@ MUTANTS = [
         name="checkpoint_removed_then_written",
         why="the old checkpoint is deleted before the new one is written: a crash between "
         "the two leaves none",
-        old="            checkpoint.save(checkpoint_state(model, optimizer, epoch + 1, step), "
+        old="            save(checkpoint_state(model, optimizer, epoch + 1, step), "
         "args.checkpoint)\n",
         new="            import os\n"
         "            if os.path.exists(args.checkpoint):\n"
         "                os.remove(args.checkpoint)\n"
-        "            checkpoint.save(checkpoint_state(model, optimizer, epoch + 1, step), "
+        "            save(checkpoint_state(model, optimizer, epoch + 1, step), "
         "args.checkpoint)\n",
         caught_by="written_atomically",
         says=("'removed'",),
@@ -132,7 +132,7 @@ ALTERNATIVES = [
         name="checkpoint_replaced_by_hand",
         why="the checkpoint written to a temporary file by torch.save, then os.replace'd "
         "onto the name, without course.checkpoint",
-        old="            checkpoint.save(checkpoint_state(model, optimizer, epoch + 1, step), "
+        old="            save(checkpoint_state(model, optimizer, epoch + 1, step), "
         "args.checkpoint)\n",
         new="            import os\n"
         "            torch.save(checkpoint_state(model, optimizer, epoch + 1, step), "

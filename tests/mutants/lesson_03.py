@@ -42,17 +42,14 @@ MUTANTS = [
     dict(
         name="data_parallel_instead_of_ddp",
         why="DataParallel (lesson 02) instead of DDP: each rank trains its own replica",
-        old="    model = DDP(\n        model, device_ids=",
-        new=(
-            "    model = nn.DataParallel(model)\n"
-            "    _options_left_over = dict(\n        device_ids="
-        ),
+        old="    model = DDP(model, device_ids=",
+        new="    model = nn.DataParallel(model)\n    _options_left_over = dict(device_ids=",
         caught_by="matches_the_graders",
     ),
     dict(
         name="fixed_master_port",
         why="a hard-coded MASTER_PORT: two jobs on one machine collide",
-        old='os.environ["MASTER_PORT"] = str(ranks.free_port())',
+        old='os.environ["MASTER_PORT"] = str(port)',
         new='os.environ["MASTER_PORT"] = "29533"',
         caught_by="choose_their_own_ports",
     ),
@@ -84,7 +81,7 @@ ALTERNATIVES = [
     dict(
         name="own_atomic_torch_save",
         why="the checkpoint written with torch.save to a temporary file, fsync, os.replace",
-        old="""            checkpoint.save(state, args.checkpoint)""",
+        old="""            save(state, args.checkpoint)""",
         new="""            tmp = args.checkpoint + ".partial"
             with open(tmp, "wb") as f:
                 torch.save(state, f)

@@ -16,11 +16,8 @@ MUTANTS = [
     dict(
         name="data_parallel_instead_of_ddp",
         why="DataParallel (lesson 02) instead of DDP: each rank trains its own replica",
-        old="    model = DDP(\n        model, device_ids=",
-        new=(
-            "    model = torch.nn.DataParallel(model)\n"
-            "    _options_left_over = dict(\n        device_ids="
-        ),
+        old="    model = DDP(model, device_ids=",
+        new="    model = torch.nn.DataParallel(model)\n    _options_left_over = dict(device_ids=",
         caught_by="resumed_twice",
     ),
     dict(
@@ -54,7 +51,7 @@ MUTANTS = [
     dict(
         name="snapshot_written_in_place",
         why="torch.save straight onto the snapshot: a crash mid-write destroys it",
-        old="        checkpoint.save(state, path)\n",
+        old="        save(state, path)\n",
         new="        torch.save(state, path)\n",
         caught_by="put_in_place_by_a_rename",
     ),
@@ -64,7 +61,7 @@ ALTERNATIVES = [
     dict(
         name="own_atomic_snapshot",
         why="the snapshot written with torch.save to a temporary file, fsync, os.replace",
-        old="        checkpoint.save(state, path)\n",
+        old="        save(state, path)\n",
         new="""        tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
             torch.save(state, f)

@@ -10,9 +10,7 @@ FILE = "08_performance/train.py"
 
 _SYNCED = "        with contextlib.nullcontext() if last else model.no_sync():\n"
 _BACKWARD = "            scaler.scale(loss / args.accumulate).backward()\n"
-_OPTIONS = (
-    "        bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=not args.no_bucket_view,\n"
-)
+_OPTIONS = "                bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=not args.no_bucket_view,\n"
 _COMPILE = (
     "    if args.compile:  # compile the wrapped model: graphs split at bucket edges, overlap kept\n"
     "        model = torch.compile(model)\n"
@@ -87,7 +85,7 @@ MUTANTS = [
     dict(
         name="checkpoint_written_in_place",
         why="torch.save straight onto --checkpoint: a crash mid-write destroys the last epoch",
-        old="            checkpoint.save(state, args.checkpoint)\n",
+        old="            save(state, args.checkpoint)\n",
         new="            torch.save(state, args.checkpoint)\n",
         caught_by="fp16_run_learns",
         says=("'over'",),
@@ -109,8 +107,8 @@ MUTANTS = [
     dict(
         name="static_graph_ignored",
         why="--static-graph never reaches DDP: the benchmark measures nothing",
-        old="        static_graph=args.static_graph, **ranks.no_per_step_buffer_sync(),\n",
-        new="        **ranks.no_per_step_buffer_sync(),\n",
+        old="                static_graph=args.static_graph, **NO_BUFFER_SYNC)  # fmt: skip\n",
+        new="                **NO_BUFFER_SYNC)  # fmt: skip\n",
         caught_by="static_graph_from",
     ),
     dict(
@@ -173,7 +171,7 @@ ALTERNATIVES = [
 """,
             ),
             dict(
-                old="            checkpoint.save(state, args.checkpoint)\n",
+                old="            save(state, args.checkpoint)\n",
                 new='            torch.save(state, f"{args.checkpoint}.{os.getpid()}.tmp")\n'
                 '            os.replace(f"{args.checkpoint}.{os.getpid()}.tmp", args.checkpoint)\n',
             ),

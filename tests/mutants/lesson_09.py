@@ -165,8 +165,8 @@ MUTANTS = [
         name="rdzv_client_connects_without_waiting",
         file=RDZV,
         why="no wait for rank 0's port: TCPStore's own client retries for 5 minutes",
-        old="    if rank > 0 and not ranks.wait_until(",
-        new="    if False and not ranks.wait_until(",
+        old="    if rank > 0 and not wait_until(",
+        new="    if False and not wait_until(",
         caught_by="nobody_at_the_address",
     ),
     dict(
@@ -257,8 +257,8 @@ MUTANTS = [
         name="silent_module_prefix_saved",
         file=SILENT,
         why="DDP's own state_dict saved: every key starts with 'module.'",
-        old="        checkpoint.save(model.module.state_dict(), path)\n",
-        new="        checkpoint.save(model.state_dict(), path)\n",
+        old="        torch.save(model.module.state_dict(), path)\n",
+        new="        torch.save(model.state_dict(), path)\n",
         caught_by="alone_saves",
     ),
     dict(
@@ -414,7 +414,7 @@ ALTERNATIVES = [
             ),
             dict(
                 file=RDZV,
-                old="    if not ranks.wait_until(deadline, lambda: store.check(keys)):\n"
+                old="    if not wait_until(deadline, lambda: store.check(keys)):\n"
                 "        raise ConnectionError(\n",
                 new="    try:\n"
                 "        left = timedelta(seconds=max(deadline - time.monotonic(), 0.1))\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 
@@ -139,3 +140,67 @@ def test_hint_files_are_json_the_site_can_read():
     for lesson in WITH_TODOS:
         path = lesson.path(REPO_ROOT / "lessons").parent / release.HINTS_FILE
         assert json.loads(path.read_text())["todos"]
+
+
+# "Plumbing lives once in course/, and hints never ask students to type it": a course helper
+# a TODO needs is named once outside it (an import or a constant, with a comment saying what
+# it hides), and the hints name that and PyTorch's API. Each entry: (file, helper) -> reason.
+HELPER_ALLOWED: dict[tuple[str, str], str] = {}
+_COURSE_MODULES = sorted(path.stem for path in (REPO_ROOT / "course").glob("*.py")
+                         if not path.stem.startswith("_"))  # fmt: skip
+_HELPER = rf"(?<![\w.])(?:course\.)?(?:{'|'.join(_COURSE_MODULES)})\.[A-Za-z_]\w*"
+# A hint may not even name one (`checkpoint.set_rng_state`); code may not call one.
+HELPERS = {"hint": re.compile(rf"{_HELPER}|\bcourse\.[\w.]*\w"),
+           "answer": re.compile(rf"{_HELPER}(?=\s*\()")}  # fmt: skip
+
+
+def _hints_and_answers(source: str):
+    """(line number, text, kind) of each hint line (its continuation lines included) and of
+    each line a student writes: inside a solution block, or a planted bug's fix."""
+    hint = answer = False
+    for number, line in enumerate(source.splitlines(), 1):
+        marker = line.strip()
+        if marker in (release.BEGIN, release.FIX) or marker in (release.END, release.END_BUG):
+            answer, hint = marker in (release.BEGIN, release.FIX), False
+            continue
+        hint = bool(release.HINT.match(line) or (hint and release.HINT_MORE.match(line)))
+        if hint:
+            yield number, line, "hint"
+        elif answer and not marker.startswith("#"):
+            yield number, line.split("  # ")[0], "answer"  # its trailing comment left out
+
+
+def test_no_hint_or_answer_types_a_course_helper():
+    """No HINT line (with its continuation lines) and no line of a solution block names a
+    helper of course/ (`ranks.free_port()`, `checkpoint.save(...)`, `course.x`): a student
+    types PyTorch, and the prepared names the script sets once outside the TODO."""
+    found = []
+    for path in sorted((REPO_ROOT / "solutions").rglob("*.py")):
+        name = path.relative_to(REPO_ROOT / "solutions").as_posix()
+        for number, line, kind in _hints_and_answers(path.read_text()):
+            for helper in HELPERS[kind].findall(line):
+                if (name, helper) not in HELPER_ALLOWED:
+                    found.append(f"{name}:{number}: {kind} names {helper}: {line.strip()}")
+    assert not found, (
+        "course helpers a student would type (name them once outside the TODO, with a "
+        "comment, or add them to HELPER_ALLOWED with a reason):\n" + "\n".join(found)
+    )
+
+
+def test_the_helper_check_sees_hints_continuations_and_answers():
+    source = (
+        "    # TODO: join.\n"
+        "    # HINT 1: dist.init_process_group(backend,\n"
+        "    #   timeout=ranks.process_group_timeout()).\n"
+        "    # HINT 2: and course.checkpoint.save, or checkpoint.load.\n"
+        "    ### BEGIN SOLUTION\n"
+        "    port = ranks.free_port() + ranks.attribute  # ranks.in_a_comment() is no call\n"
+        "    ### END SOLUTION\n"
+        "    other = ranks.free_port()\n"
+    )
+    lines = list(_hints_and_answers(source))
+    assert [(n, kind) for n, _, kind in lines] == [(2, "hint"), (3, "hint"), (4, "hint"),
+                                                   (6, "answer")]  # fmt: skip
+    helpers = [HELPERS[kind].findall(text) for _, text, kind in lines]
+    hint_2 = ["course.checkpoint.save", "checkpoint.load"]
+    assert helpers == [[], ["ranks.process_group_timeout"], hint_2, ["ranks.free_port"]]
