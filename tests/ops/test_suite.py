@@ -91,12 +91,18 @@ def test_the_contributing_page_states_the_budgets_the_report_checks():
 def test_the_report_marks_a_lesson_over_its_budget(tmp_path):
     """A lesson's tests and its mutation cases count together, halved for two workers."""
     budget = durations.LESSON_BUDGET_S
+    mutants = "tests.mutants.test_mutants"
     cases = [
         ("tests.lessons.test_03_ddp_spawn", "test_learns[gloo]", 30.0, ""),
-        ("tests.test_mutants", "test_mutant_is_rejected[03-no_set_epoch]", 2 * budget, "mutation"),
+        (
+            "tests.mutants.test_mutants",
+            "test_mutant_is_rejected[03-no_set_epoch]",
+            2 * budget,
+            "mutation",
+        ),
         ("tests.lessons.test_04_torchrun", "test_only_rank_0_writes_files[gloo]", 40.0, "core"),
-        ("tests.test_mutants", "test_honest_alternative_passes[04-own]", 50.0, "mutation"),
-        ("tests.test_course_procs", "test_kill", 5.0, ""),
+        (mutants, "test_honest_alternative_passes[04-own]", 50.0, "mutation"),
+        ("tests.course.launch.test_command", "test_kill", 5.0, ""),
     ]
     body = "".join(
         f'<testcase classname="{cls}" name="{name}" time="{t}"><properties>'

@@ -167,13 +167,11 @@ def _test_names(path, gpus_only: bool = False) -> list[str]:
 def test_grade_k_grades_one_exercise_and_every_exercise_names_its_own():
     """`course grade 09 -k oom` runs exactly the tests whose names hold "oom" (counted here
     from the test file), and each lesson 09 script's `-k` selects its own tests."""
-    tests = _test_names(REPO_ROOT / "tests" / "test_09_debugging.py")
+    tests = _test_names(registry.tests("09")[0])
     result = course("grade", "09", "-k", "oom", "--impl", "solutions", timeout=300)
     assert result.ok, result.describe()
     oom = [t for t in tests if "oom" in t]
-    gpu_oom = [
-        t for t in _test_names(REPO_ROOT / "tests" / "test_09_debugging.py", True) if "oom" in t
-    ]
+    gpu_oom = [t for t in _test_names(registry.tests("09")[0], True) if "oom" in t]
     skipped = 0 if visible_gpus() else len(gpu_oom)  # a GPU's test skips on a machine without
     found = re.search(r"(\d+) passed(?:, (\d+) skipped)?, (\d+) deselected", result.output)
     assert found and int(found[1]) == len(oom) - skipped >= 1, (
@@ -252,8 +250,8 @@ def test_the_registry_answers_which_tests_grade_each_lesson(tmp_path):
     per = [registry.tests(lesson) for lesson in registry.LESSONS]
     assert all(per) and sorted(p for files in per for p in files) == every
     assert registry.tests("10") == registry.tests(registry.get("10"))
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_03_mine.py").write_text("")
+    (tmp_path / "tests" / "lessons").mkdir(parents=True)
+    (tmp_path / "tests" / "lessons" / "test_03_mine.py").write_text("")
     assert [p.name for p in registry.tests("03", tmp_path)] == ["test_03_mine.py"]
 
 

@@ -25,7 +25,9 @@ def test_grading_cost_times_a_lesson_and_keeps_its_grade(tmp_path):
     assert run.returncode == 0, run.describe()
     doc = json.loads(out.read_text())
     (row,) = doc["rows"]
-    collected = rules.collect_graded_tests(REPO_ROOT / "tests" / "test_00_environment.py")
+    collected = rules.collect_graded_tests(
+        REPO_ROOT / "tests" / "lessons" / "test_00_environment.py"
+    )
     cases = sum(test.total_cases for test in collected)  # each parametrized case counts
     assert row["lesson"] == "00" and row["tests"] == cases, (row, cases)
     assert row["passed"] == 0 and row["points"] == 0 and row["max_points"] > 0, row
