@@ -170,7 +170,7 @@ def browser():
 class Offline:
     """A browser context where only loopback answers; other requests are logged."""
 
-    def __init__(self, browser, scheme: str, width: int = 1280):
+    def __init__(self, browser, scheme: str, width: int = 1280, open_roots: bool = True):
         self.blocked: list[str] = []
         self.errors: list[str] = []
         self.context = browser.new_context(
@@ -179,7 +179,8 @@ class Offline:
         )
         self.context.set_default_timeout(TIMEOUT_MS)
         self.context.route("**/*", self._route)
-        self.context.add_init_script(OPEN_SHADOW_ROOTS)
+        if open_roots:  # off: the page exactly as a reader's browser runs it
+            self.context.add_init_script(OPEN_SHADOW_ROOTS)
 
     def _route(self, route):
         url = route.request.url
@@ -358,6 +359,30 @@ def test_lesson_page_on_a_phone_keeps_outputs_aligned_and_diagrams_legible(
     page.evaluate("window.scrollTo(0, 0)")
     artifacts.shot(page, f"lesson-{lesson[:2]}-phone.png", full_page=True)
     phone.assert_offline()
+
+
+def test_a_wide_diagram_scrolls_on_a_phone_with_the_shadow_roots_closed(browser, base_url):
+    """In a reader's browser Material's shadow roots are closed (the other tests open them to
+    look inside): the page's script must still find each drawn SVG and give it its legible
+    width, so that on a phone a wide diagram scrolls sideways instead of shrinking. The
+    contributing page's two diagrams (the layout, one grading's route) are wider than 390 px
+    at 12 px text."""
+    ctx = Offline(browser, "light", width=PHONE_PX, open_roots=False)
+    try:
+        page = ctx.page()
+        page.goto(base_url + "contributing/")
+        hosts = page.locator("div.mermaid")
+        assert hosts.count() == 2, hosts.count()
+        for i in range(hosts.count()):
+            hosts.nth(i).scroll_into_view_if_needed()
+        page.wait_for_function(
+            """() => [...document.querySelectorAll('div.mermaid')]
+                    .every(d => d.scrollWidth > d.clientWidth + 1)"""
+        )
+        assert page.evaluate("() => document.querySelector('div.mermaid').shadowRoot") is None
+        ctx.assert_offline()
+    finally:
+        ctx.close()
 
 
 @pytest.mark.parametrize(

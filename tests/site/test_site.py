@@ -180,7 +180,8 @@ def test_lesson_page_has_every_part(page):
     missing = [h for h in REQUIRED_HEADINGS if h not in text]
     assert not missing, f"{page.name} lacks {missing}"
     assert '=== "Starter"' in text and '=== "Solution"' in text, "no Starter/Solution tabs"
-    assert "<!-- grading: tests/lessons/test_" in text, "grading table is not generated from the tests"
+    grading = "<!-- grading: tests/lessons/test_"
+    assert grading in text, "grading table is not generated from the tests"
     assert f"<!-- lesson-card: {page.stem[:2]} -->" in text
     if not page.stem.startswith("00"):
         assert "<!-- diff: " in text, "no diff against the previous lesson"
@@ -335,7 +336,9 @@ def test_every_diagram_source_is_on_a_page_and_built(site):
         built = site.path / (rel.parent if rel.name == "index" else rel) / "index.html"
         html = built.read_text(encoding="utf-8")
         # A diagram shown as source (```text, such as the article's broken one) draws nothing.
-        expected = len(MERMAID_INCLUDE.findall(page.read_text(encoding="utf-8")))
+        text = page.read_text(encoding="utf-8")
+        inline = re.findall(r"^```mermaid\n(?!\s*;?--8<--)", text, re.M)  # drawn in the page
+        expected = len(MERMAID_INCLUDE.findall(text)) + len(inline)
         assert expected and html.count('class="mermaid"') == expected, f"{built}: diagrams missing"
 
 

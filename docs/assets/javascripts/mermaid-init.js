@@ -10,11 +10,21 @@ if (window.mermaid && typeof window.mermaid.initialize === "function") {
 // MIN_TEXT_PX; below that its box (div.mermaid, overflow-x: auto) scrolls sideways.
 // Material draws the diagrams in shadow roots, late and on its own schedule: look again
 // every few hundred milliseconds, each diagram once.
+// Material's shadow roots are closed (host.shadowRoot is null): keep a reference to each
+// one as it is attached, to find the drawn SVG. Nothing else about them changes.
 (function () {
   var MIN_TEXT_PX = 12;
+  var roots = new WeakMap();
+  var attach = Element.prototype.attachShadow;
+  Element.prototype.attachShadow = function (init) {
+    var root = attach.call(this, init);
+    roots.set(this, root);
+    return root;
+  };
   function keepLegible() {
     document.querySelectorAll("div.mermaid").forEach(function (host) {
-      var svg = host.shadowRoot && host.shadowRoot.querySelector("svg");
+      var root = host.shadowRoot || roots.get(host);
+      var svg = root && root.querySelector("svg");
       if (!svg || svg.dataset.legible) return;
       var box = svg.viewBox && svg.viewBox.baseVal;
       if (!box || !box.width) return;
