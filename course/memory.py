@@ -16,9 +16,21 @@ A tensor is counted once per storage (ReLU(inplace=True) saves the same storage
 twice), and the model's own parameters are not counted: they are in memory
 anyway. With `budget`, saving more than that raises torch.OutOfMemoryError as
 the CUDA allocator would, so lesson 09's out-of-memory exercise fails on any machine.
+
+What saved-tensor hooks cannot see, the allocator can: `torch.utils.checkpoint` keeps its
+inputs in a closure and selective checkpointing caches its outputs outside the hooks.
+Allocated reads the allocator itself (CUDA's counters; on the CPU, the profiler's memory
+events), so it counts whatever a region allocates and still holds (lesson 12):
+
+    with memory.Allocated("cpu") as held:
+        loss = model(x).sum()
+    held.net, held.peak  # bytes still held at the end, and the most held on the way
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
 
 import torch
 from torch import nn
@@ -86,4 +98,69 @@ class SavedTensors:
 
     def __exit__(self, *exc):
         self._hooks.__exit__(*exc)
+        return False
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The profiler's start and stop write lines of their own to stderr (kineto's "USDT:
+    profiler_start", "gpuGetDeviceCount failed" on a machine without GPUs)."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+class Allocated:
+    """The bytes the allocator handed out inside the block: `peak` (the high-water mark
+    above what was held when it began) and `net` (what is still held at the end). On
+    CUDA the caching allocator's counters; on the CPU, or with profile=True on any
+    device, every allocation and free the profiler sees (a few times slower)."""
+
+    def __init__(self, device="cpu", profile: bool | None = None):
+        self.device = torch.device(device)
+        self.profile = self.device.type == "cpu" if profile is None else profile
+        self.peak = self.net = self.events = 0
+        self._profiler = None
+
+    def __enter__(self):
+        if not self.profile:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
+            return self
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        self._profiler = profile(activities=activities, profile_memory=True)
+        with _quiet():
+            self._profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if not self.profile:
+            torch.cuda.synchronize(self.device)
+            self.net = torch.cuda.memory_allocated(self.device) - self._start
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self._start
+            return False
+        with _quiet():
+            self._profiler.__exit__(*exc)
+        kind = torch.autograd.DeviceType.CPU if self.device.type == "cpu" else None
+        events = [
+            e for e in self._profiler.profiler.kineto_results.events()
+            if e.name() == "[memory]" and (kind is None or e.device_type() == kind)
+        ]  # fmt: skip
+        events.sort(key=lambda e: e.start_ns())
+        held = peak = 0
+        for event in events:
+            held += event.nbytes()
+            peak = max(peak, held)
+        self.peak, self.net, self.events = peak, held, len(events)
         return False

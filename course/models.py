@@ -19,6 +19,7 @@ lessons: its statistics are per device unless synchronised.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -115,3 +116,27 @@ class TinyLM(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
+
+
+class CausalBlock(nn.Module):
+    """A transformer block (lesson 12): causal self-attention, then an MLP, each pre-norm,
+    residual and followed by dropout. Its attention is written out, not fused, so backward
+    keeps the (heads, T, T) attention weights: the activations that grow with the square of
+    the sequence, where the rest grow with the sequence."""
+
+    def __init__(self, dim: int = 64, heads: int = 4, dropout: float = 0.1):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5
+        future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        weights = self.drop(scores.masked_fill(future, float("-inf")).softmax(-1))
+        x = x + self.drop(self.proj((weights @ v).transpose(1, 2).reshape(b, t, d)))
+        return x + self.drop(self.down(F.gelu(self.up(self.norm2(x)))))

@@ -39,10 +39,16 @@ class Lesson:
     builds_on: str | None = None
     # A lesson of several small scripts (09): all of them, `script` first.
     exercises: tuple[str, ...] = ()
+    # Exercises started another way than `script` ({"ring.py": "spawn"} in lesson 12).
+    launchers: tuple[tuple[str, str], ...] = ()
 
     @property
     def distributed(self) -> bool:
         return self.launcher != "python"
+
+    def launcher_of(self, script: str) -> str:
+        """How exercise `script` (a file name) is started."""
+        return dict(self.launchers).get(script, self.launcher)
 
     def path(self, impl_dir: Path) -> Path:
         return Path(impl_dir) / self.slug / self.script
@@ -175,6 +181,20 @@ LESSONS: tuple[Lesson, ...] = (
         "hand, then with torch.distributed.pipelining and DTensor.",
         exercises=("pipeline.py", "tensor.py"),
     ),
+    Lesson(
+        number="12",
+        slug="12_long_sequences",
+        title="Long sequences: checkpointing and ring attention",
+        level="advanced",
+        script="checkpoint.py",
+        launcher="python",
+        summary="Activations grow with the sequence: keep fewer of them and compute them "
+        "again in backward (activation checkpointing, by hand, full and selective); then "
+        "split the sequence across ranks, keys and values passed around a ring (context "
+        "parallelism, by hand, zig-zag balanced).",
+        exercises=("checkpoint.py", "ring.py"),
+        launchers=(("ring.py", "spawn"),),
+    ),
 )
 
 
@@ -252,19 +272,22 @@ def command(
         script, extra = script.with_name(lesson.exercise(extra[0])), list(extra[1:])
     if not script.is_file():
         raise FileNotFoundError(f"{script}: not found")
-    if not lesson.distributed and (nproc or backend):
-        raise ValueError(f"lesson {lesson.number} runs one process; --nproc/--backend don't apply")
+    launcher = lesson.launcher_of(script.name)
+    if launcher == "python" and (nproc or backend):
+        raise ValueError(
+            f"{lesson.number}/{script.name} runs one process; --nproc/--backend don't apply"
+        )
     if nproc is not None and nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
-    if max_restarts is not None and (lesson.launcher != "torchrun" or max_restarts < 0):
+    if max_restarts is not None and (launcher != "torchrun" or max_restarts < 0):
         raise ValueError("--max-restarts takes a number >= 0, for torchrun lessons only")
     options = [*(["--backend", backend] if backend else [])]
-    if lesson.launcher == "torchrun":
+    if launcher == "torchrun":
         agent = list(rendezvous) if rendezvous else ["--standalone"]
         if max_restarts is not None:
             agent.append(f"--max-restarts={max_restarts}")
         return [*torchrun(script, *agent, f"--nproc_per_node={nproc or 1}"), *options, *extra]
-    if lesson.launcher == "spawn" and nproc:
+    if launcher == "spawn" and nproc:
         options += ["--nproc", str(nproc)]
     return [sys.executable, str(script), *options, *extra]
 
