@@ -158,9 +158,23 @@ class Allocated:
             if e.name() == "[memory]" and (kind is None or e.device_type() == kind)
         ]  # fmt: skip
         events.sort(key=lambda e: e.start_ns())
-        held = peak = 0
-        for event in events:
-            held += event.nbytes()
-            peak = max(peak, held)
-        self.peak, self.net, self.events = peak, held, len(events)
+        self.peak, self.net = self.count([e.nbytes() for e in events])
+        self.events = len(events)
         return False
+
+    @staticmethod
+    def count(sizes: list[int]) -> tuple[int, int]:
+        """(peak, net) of allocations (+bytes) and frees (-bytes) in order, counting only
+        the blocks allocated inside: a free that no block of its size allocated inside
+        and still live explains is a block from before (a graph or a library's cache let
+        go of at this moment; the allocator reports its size if it was allocated while
+        an earlier profile ran), and would make the count fall below what is held."""
+        live: dict[int, int] = {}
+        held = peak = 0
+        for size in sizes:
+            if size < 0 and not live.get(-size):
+                continue
+            live[abs(size)] = live.get(abs(size), 0) + (1 if size > 0 else -1)
+            held += size
+            peak = max(peak, held)
+        return peak, held

@@ -15,8 +15,8 @@ allocated and freed inside the call counts while it lived.
 
 Measure the grader's own reference the same way (torch's AdamW over the whole model, say)
 and bound the submission's peak by a share of it: both then count the same temporaries.
-The counting itself is course.memory.Allocated's, which lesson 12 prints too; the grader
-always reads the profiler's events, on CUDA as well.
+The reading is course.memory.Allocated's, which lesson 12 prints too; the grader always
+reads the profiler's events, on CUDA as well, and counts a block from before freed inside.
 """
 
 from __future__ import annotations
@@ -27,3 +27,13 @@ from course.memory import Allocated
 class Meter(Allocated):
     def __init__(self, device: str = "cpu"):
         super().__init__(device, profile=True)
+
+    @staticmethod
+    def count(sizes: list[int]) -> tuple[int, int]:
+        """Every allocation and free, a block from before freed inside too: what the
+        lesson 10 bounds were measured with."""
+        held = peak = 0
+        for size in sizes:
+            held += size
+            peak = max(peak, held)
+        return peak, held

@@ -46,6 +46,8 @@ LIBRARY = {
     "pipeline": ("torch.distributed.pipelining",),
     "parallelize_module": ("torch.distributed.tensor.parallel",
                            "torch.distributed.tensor.parallel.api"),
+    "checkpoint": ("torch.utils.checkpoint",),
+    "checkpoint_sequential": ("torch.utils.checkpoint",),
 }  # fmt: skip
 PIPELINING = ("PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
               "pipeline")  # fmt: skip

@@ -1,0 +1,88 @@
+"""Lesson 12's activation checkpointing, called in one child process (course/grader/cases.py).
+
+Run by tests/lessons/test_12_long_sequences.py as `python lesson_12.py LESSON_FILE OUT_DIR`.
+The grader's stack of 3 CausalBlocks with dropout (tests/lessons/cases/lesson_12_models.py)
+runs two steps through the submission's Checkpoint (case `by_hand`) or run_block's "full"
+and "selective" (case `torch_ways`), and the case writes every gradient; then one step
+more of each, measured: the bytes kept after forward (the saved-tensor meter and the
+allocator), the most kept during backward, each block's forward calls, and the matmul
+FLOPs of the step. torch.utils.checkpoint is behind a tripwire while the by-hand
+Checkpoint runs: a Checkpoint that calls it is a shortcut, named.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+import lesson_12_models as m  # noqa: E402
+
+from course import memory  # noqa: E402
+from course.grader.cases import Cases, Tensors  # noqa: E402
+from course.grader.tripwires import Tripwires  # noqa: E402
+
+cases = Cases()
+REQUIRES = ("Checkpoint", "run_block", "policy")
+SEED = 5  # tests/lessons/test_12_long_sequences.py's CHECKPOINT_SEED
+wires = Tripwires("checkpoint", "checkpoint_sequential").install()  # before the lesson loads
+
+
+def _measure(run) -> dict:
+    """One step of the grader's stack, each block run by run(block, x), measured."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    stack = m.blocks(SEED)
+    whole = nn.ModuleList(stack)
+    x, w = m.inputs(SEED, 3)
+    x.requires_grad_()
+    found = {}
+    with memory.SavedTensors(whole) as meter:
+        out = x
+        for block in stack:
+            out = run(block, out)
+        found["saved_after_forward"] = meter.live
+        found["calls_forward"] = [b.calls for b in stack]
+        (out * w).sum().backward()
+        found["saved_peak"] = meter.peak
+        found["calls_backward"] = [
+            b.calls - f for b, f in zip(stack, found["calls_forward"], strict=True)
+        ]
+    x = x.detach().requires_grad_()
+    with memory.Allocated("cpu") as held:
+        out = x
+        for block in stack:
+            out = run(block, out)
+    found["allocated_after_forward"] = held.net
+    del out
+    with FlopCounterMode(display=False) as flops:
+        m.step(stack, run, x.detach(), w)
+    found["flops"] = flops.get_total_flops()
+    return found
+
+
+@cases.case
+def by_hand(lesson):
+    before = list(wires.used)
+    run = lambda block, x: lesson.Checkpoint.apply(block, x)  # noqa: E731
+    grads = m.gradients(SEED, run)
+    found = _measure(run)
+    found["library"] = [n for n in wires.used if n not in before]
+    return Tensors(grads, found)
+
+
+@cases.case
+def torch_ways(lesson):
+    tensors, found = {}, {}
+    for mode in ("full", "selective"):
+        run = lambda block, x, mode=mode: lesson.run_block(block, x, mode)  # noqa: E731
+        tensors |= {f"{mode}/{k}": v for k, v in m.gradients(SEED, run).items()}
+        found[mode] = _measure(run)
+    found["none"] = _measure(lambda block, x: block(x))
+    return Tensors(tensors, found)
+
+
+if __name__ == "__main__":
+    cases.run(requires=REQUIRES)
