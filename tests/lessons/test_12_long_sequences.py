@@ -331,7 +331,7 @@ def test_the_ring_passes_keys_and_values_to_one_neighbour(impl, tmp_path_factory
 
 
 BALANCE = tolerance(
-    "12.balance", high=1.05, test="test_zigzag_balances_the_causal_work",
+    "12.balance", high=1.05, room=1, test="test_zigzag_balances_the_causal_work",
     what="the most matmul FLOPs of any rank's forward over the mean, RingAttention with the "
     "zig-zag split, 2 to 4 ranks",
 )  # fmt: skip
@@ -438,7 +438,9 @@ def test_the_checkpoint_script_learns_and_keeps_less(runs):
     losses (checkpointing changes no number, dropout included), which fall from ln 64 to
     below LEARNED; --sweep prints, at each length, the bytes each way keeps: none more than
     selective, selective more than full, hand the same as full, and each the page's
-    formula plus the same share for the embedding and the head."""
+    formula plus the same share for the embedding and the head. A width that does not
+    split into the heads is refused in one line."""
+    _refused_in_one_line(runs, "bad-heads")
     losses = {}
     for name in ("none", "hand"):
         found = {int(s): float(v) for s, _, v in LOSS.findall(_output(runs, name))}
@@ -493,15 +495,12 @@ def test_the_ring_script_matches_one_process(runs):
             )
 
 
-@pytest.mark.points(1)
-def test_bad_input_is_one_line(runs):
-    """A sequence that does not cut into the ranks' chunks, and a width that does not split
-    into the heads, are refused in one line, before any rank starts."""
-    for name in ("bad-seq", "bad-heads"):
-        result = runs[name]
-        lines = [line for line in result.output.strip().splitlines() if line.strip()]
-        assert result.returncode not in (0, None) and len(lines) <= 2 and "Traceback" not in (
-            result.output), (
-            f"{' '.join(SCRIPT_RUNS[name])}: exit {result.returncode}, output {result.output!r}; "
-            "expected a one-line error"
-        )  # fmt: skip
+def _refused_in_one_line(runs, name: str) -> None:
+    """A size that does not fit is refused in one line, before any rank starts."""
+    result = runs[name]
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert result.returncode not in (0, None) and len(lines) <= 2, (
+        f"{' '.join(SCRIPT_RUNS[name])}: exit {result.returncode}, output "
+        f"{result.output[-600:]!r}; expected a one-line error"
+    )
+    assert "Traceback" not in result.output, f"{' '.join(SCRIPT_RUNS[name])}: a traceback"

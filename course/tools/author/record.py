@@ -50,6 +50,10 @@ VOLATILE = [
     (re.compile(r"(forward|step) -?\d+ to -?\d+ us"), r"\1 N to N us"),
     (re.compile(r" *-?\d+ us\b"), " N us"),  # the padding too: widths vary
     (re.compile(r"[+-][\d.]+ % a step"), "N % a step"),
+    # lesson 12: a step's time, in checkpoint.py's sweep (its last column) and ring.py's lines
+    (re.compile(r"^(\s*\d+\s+(?:none|full|selective|hand)(?:\s+[\d.]+){3})\s+[\d.]+$", re.M),
+     r"\1 N"),
+    (re.compile(r"step \d+ ms,"), "step N ms,"),
 ]
 # Lines a record leaves out, because whether and in which form they appear
 # varies from run to run: the traceback a surviving rank prints when its peer

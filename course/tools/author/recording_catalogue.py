@@ -367,4 +367,34 @@ RECORDINGS = (
         ("--nproc", "2", "--backend", "gloo", "--steps", "20"),
         "lesson 11, every block's MLP split across two gloo ranks by hand",
     ),
+    Recording(
+        "12_hand",
+        "12_long_sequences/checkpoint.py",
+        ("--device", "cpu", "--steps", "30"),
+        "lesson 12, a transformer trained with every block checkpointed by hand",
+    ),
+    Recording(
+        "12_sweep",
+        "12_long_sequences/checkpoint.py",
+        ("--device", "cpu", "--sweep", "64", "128", "256", "--batch-size", "4", "--depth", "2"),
+        "lesson 12, what each way of checkpointing keeps, and its step time, on a CPU",
+    ),
+    Recording(
+        "12_sweep_gpu",
+        "12_long_sequences/checkpoint.py",
+        ("--device", "cuda", "--sweep", "1024", "2048", "4096", "--batch-size", "4")
+        + ("--dim", "512", "--heads", "8"),
+        "lesson 12, the same on one GPU: bytes from the CUDA allocator",
+        gpus=1,
+    ),
+    *(
+        Recording(f"12_{name}", "12_long_sequences/ring.py",
+                  ("--nproc", "4", "--backend", "gloo", "--seq", "512", *flags),
+                  f"lesson 12, {what}")
+        for name, flags, what in (
+            ("ring_plain", ("--split", "plain"), "ring attention on 4 gloo ranks, cut in 4"),
+            ("ring_zigzag", (), "ring attention on 4 gloo ranks, the zig-zag split"),
+            ("gather", ("--attention", "gather"), "the all-gather baseline on 4 gloo ranks"),
+        )
+    ),  # fmt: skip
 )
