@@ -51,8 +51,10 @@ VOLATILE = [
     (re.compile(r" *-?\d+ us\b"), " N us"),  # the padding too: widths vary
     (re.compile(r"[+-][\d.]+ % a step"), "N % a step"),
     # lesson 12: a step's time, in checkpoint.py's sweep (its last column) and ring.py's lines
-    (re.compile(r"^(\s*\d+\s+(?:none|full|selective|hand)(?:\s+[\d.]+){3})\s+[\d.]+$", re.M),
-     r"\1 N"),
+    (
+        re.compile(r"^(\s*\d+\s+(?:none|full|selective|hand)(?:\s+[\d.]+){3})\s+[\d.]+$", re.M),
+        r"\1 N",
+    ),
     (re.compile(r"step \d+ ms,"), "step N ms,"),
     # ...and ring.py's peak: the all-gather's varies by a buffer (1.3 MiB in 5) from run to run
     (re.compile(r"peak [\d.]+ MiB, step"), "peak N MiB, step"),

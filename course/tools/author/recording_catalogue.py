@@ -387,14 +387,19 @@ RECORDINGS = (
         "lesson 12, the same on one GPU: bytes from the CUDA allocator",
         gpus=1,
     ),
+    # fmt: off
     *(
-        Recording(f"12_{name}", "12_long_sequences/ring.py",
-                  ("--nproc", "4", "--backend", "gloo", "--seq", "512", *flags),
-                  f"lesson 12, {what}")
+        Recording(
+            f"12_{name}",
+            "12_long_sequences/ring.py",
+            ("--nproc", "4", "--backend", "gloo", "--seq", "512", *flags),
+            f"lesson 12, {what}",
+        )
         for name, flags, what in (
             ("ring_plain", ("--split", "plain"), "ring attention on 4 gloo ranks, cut in 4"),
             ("ring_zigzag", (), "ring attention on 4 gloo ranks, the zig-zag split"),
             ("gather", ("--attention", "gather"), "the all-gather baseline on 4 gloo ranks"),
         )
-    ),  # fmt: skip
+    ),
+    # fmt: on
 )
