@@ -80,6 +80,14 @@ RANK_1_ALONE = (
     ("WORLD_SIZE", "2"),
 )
 
+# Lesson 12's ring.py, three ways on 4 gloo ranks.
+RING_12 = tuple(
+    Recording(f"12_{name}", "12_long_sequences/ring.py",
+              ("--nproc", "4", "--backend", "gloo", "--seq", "512", *flags), f"lesson 12, {what}")
+    for name, flags, what in (("ring_plain", ("--split", "plain"), "ring attention, cut in 4"),
+                              ("ring_zigzag", (), "ring attention, the zig-zag split"),
+                              ("gather", ("--attention", "gather"), "the all-gather baseline")))  # fmt: skip
+
 RECORDINGS = (
     Recording(
         "01_cpu",
@@ -387,19 +395,5 @@ RECORDINGS = (
         "lesson 12, the same on one GPU: bytes from the CUDA allocator",
         gpus=1,
     ),
-    # fmt: off
-    *(
-        Recording(
-            f"12_{name}",
-            "12_long_sequences/ring.py",
-            ("--nproc", "4", "--backend", "gloo", "--seq", "512", *flags),
-            f"lesson 12, {what}",
-        )
-        for name, flags, what in (
-            ("ring_plain", ("--split", "plain"), "ring attention on 4 gloo ranks, cut in 4"),
-            ("ring_zigzag", (), "ring attention on 4 gloo ranks, the zig-zag split"),
-            ("gather", ("--attention", "gather"), "the all-gather baseline on 4 gloo ranks"),
-        )
-    ),
-    # fmt: on
+    *RING_12,
 )
