@@ -86,7 +86,8 @@ RING_12 = tuple(
               ("--nproc", "4", "--backend", "gloo", "--seq", "512", *flags), f"lesson 12, {what}")
     for name, flags, what in (("ring_plain", ("--split", "plain"), "ring attention, cut in 4"),
                               ("ring_zigzag", (), "ring attention, the zig-zag split"),
-                              ("gather", ("--attention", "gather"), "the all-gather baseline")))  # fmt: skip
+                              ("gather", ("--attention", "gather"), "the all-gather baseline"))
+)  # fmt: skip
 
 RECORDINGS = (
     Recording(
