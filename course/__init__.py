@@ -13,7 +13,8 @@ where a new helper goes (tests/course/test_layout.py checks this map against the
     atomic           the one atomic file writer (checkpoints, metrics, results, records)
     ranks            process groups: ports, timeouts, CPU shares, means over ranks
     runtime          seeding, device choice, one-line errors
-    memory           the saved-tensor meter: activations autograd keeps (lesson 09)
+    memory           the saved-tensor meter (lesson 09), what the allocator holds (12)
+    attention        attention one block at a time, and its backward (lesson 12)
     stages           lesson 11's watched pipeline stage and its bubble
     registry         the lessons, and their facts: tests(), command(), impl_folder()
 

@@ -8,6 +8,8 @@ one part of the course needs:
     command(lesson, impl, ...)  the command that starts its script (course run, course bench,
                              the recordings, the site's "Run it", lesson 04's tests)
     impl_folder(impl)        what --impl names, resolved once, where it is parsed
+
+Over 300 lines, on purpose: the table of every lesson, one entry each, in course order.
 """
 
 from __future__ import annotations

@@ -109,7 +109,9 @@ def render_output(name: str) -> str:
     doc = read_record(name)
     prov = doc["provenance"]
     body = "\n".join(["```text", f"$ {doc['shown']}", doc["output"], "```"])
-    where = f"{prov['device']}" if prov.get("device") else "CPU"
+    # One line on a phone: the card's short name ("NVIDIA H100 80GB HBM3": H100); the
+    # whole name is in the line that unfolds.
+    where = prov["device"].removeprefix("NVIDIA ").split()[0] if prov.get("device") else "CPU"
     summary = f"Recorded {prov['date']} · PyTorch {prov['torch'].split('+')[0]} · {where}"
     detail = (
         f"By `{prov['command']} {name}`: PyTorch {prov['torch']}, "

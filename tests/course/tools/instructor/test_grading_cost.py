@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from course import REPO_ROOT, launch
+from course import REPO_ROOT, launch, registry
 from course.grader import rules
 from course.tools.author import figures
 from course.tools.instructor import grading_cost
@@ -46,6 +46,6 @@ def test_grading_cost_refuses_an_unknown_lesson_in_one_line():
     assert run.returncode == 2, run.describe()
     assert run.output.strip().splitlines() == [
         "python -m course grading-cost: error: no lesson '99'; the lessons are "
-        + ", ".join(f"{n:02d}" for n in range(12))
+        + ", ".join(lesson.number for lesson in registry.LESSONS)
         + " (python -m course list)"
     ], run.output
