@@ -8,7 +8,9 @@ Run it:
 """
 
 import math
+import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +34,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=options.positive_int, default=300)
     p.add_argument("--seed", type=int, default=0, help="the initial weights' seed")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--time", action="store_true",
+                   help="no training: time one layer against a dense MLP")  # fmt: skip
     args = p.parse_args(argv)
     if args.top_k > args.experts:
         p.error(f"--top-k {args.top_k} is more than the {args.experts} experts")
@@ -43,7 +47,7 @@ def route(logits, k: int):
     """Each token's k experts: the softmax over experts (every probability, for the
     balancing loss), and the k largest, their gates renormalised to sum to 1."""
     # TODO: return (probs, gates, experts): probs (tokens, E); gates and experts (tokens, k).
-    raise NotImplementedError("TODO at 13_experts/moe.py:46 is not done yet")
+    raise NotImplementedError("TODO at 13_experts/moe.py:50 is not done yet")
 
 
 def capacity(tokens: int, experts: int, k: int, factor: float) -> int:
@@ -57,7 +61,7 @@ def kept(experts, n_experts: int, cap: int):
     (GShard's priority): a token keeps its first choice whenever it can."""
     # TODO: number the choices slot by slot (every token's first, then every token's
     # second...); a choice is kept if fewer than `cap` earlier choices went to its expert.
-    raise NotImplementedError("TODO at 13_experts/moe.py:60 is not done yet")
+    raise NotImplementedError("TODO at 13_experts/moe.py:64 is not done yet")
 
 
 def balance_loss(probs, experts, n_experts: int):
@@ -65,7 +69,7 @@ def balance_loss(probs, experts, n_experts: int):
     choices it gets) x (its mean probability). 1 when both are uniform, up to n_experts."""
     # TODO: the shares count every choice, kept or dropped; the probabilities are every
     # token's softmax, averaged over the tokens.
-    raise NotImplementedError("TODO at 13_experts/moe.py:68 is not done yet")
+    raise NotImplementedError("TODO at 13_experts/moe.py:72 is not done yet")
 
 
 # --8<-- [end:route]
@@ -95,7 +99,7 @@ class MoE(nn.Module):
         out = torch.zeros_like(x)
         # TODO: for each expert, run it on the tokens that chose it and were kept, and add
         # its output times their gate into those tokens' rows of `out`.
-        raise NotImplementedError("TODO at 13_experts/moe.py:98 is not done yet")
+        raise NotImplementedError("TODO at 13_experts/moe.py:102 is not done yet")
         load = torch.bincount(experts.flatten(), minlength=n)
         return out, balance_loss(probs, experts, n), {"load": load, "dropped": (~keep).sum()}
 
@@ -117,10 +121,32 @@ class Model(nn.Module):
         return self.head(x + y), aux, stats
 
 
+def timed(args, device) -> None:
+    """The MoE layer against a dense MLP with the parameters one token uses (k experts'
+    hidden units): forward and backward on batch-size x 16 tokens, median of 20."""
+    d, k = args.dim, args.top_k
+    moe = MoE(d, args.experts, k, args.capacity_factor).to(device)
+    dense = nn.Sequential(nn.Linear(d, 2 * d * k), nn.GELU(), nn.Linear(2 * d * k, d)).to(device)
+    x = torch.randn(args.batch_size * 16, d, device=device)
+    for name, layer in (("MoE", lambda: moe(x)[0]), ("dense", lambda: dense(x))):
+        times = []
+        for _ in range(25):  # the first 5 warm up
+            start = time.perf_counter()
+            layer().sum().backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        ms = 1000 * statistics.median(times[5:])
+        held = sum(p.numel() for p in (moe if name == "MoE" else dense).parameters())
+        print(f"{name:>6}: {ms:7.2f} ms forward and backward, {len(x)} tokens, {held:,} parameters")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     device = runtime.pick_device(args.device)
     runtime.seed_everything(args.seed)
+    if args.time:
+        return timed(args, device)
     model = Model(args).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     print(f"{args.experts} experts, top-{args.top_k}, capacity factor "
