@@ -98,6 +98,12 @@ MUTANTS = [
         why="keys and values sent on after the last step too: N hops, one more than the ring needs",
         old="            if step < world - 1:\n                incoming = torch.empty_like(kv)\n",
         new="            if True:\n                incoming = torch.empty_like(kv)\n",
+        also=[
+            dict(
+                old="            if step < world - 1:\n                for request in hop:\n",
+                new="            if True:\n                for request in hop:\n",
+            )
+        ],
         caught_by="one_neighbour",
     ),
     dict(
