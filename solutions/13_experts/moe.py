@@ -180,6 +180,7 @@ def main(argv=None) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     print(f"{args.experts} experts, top-{args.top_k}, capacity factor "
           f"{args.capacity_factor:g}, balancing loss x {args.aux_weight:g}")  # fmt: skip
+    after = []  # (busiest expert over the mean, dropped share), each step after the first quarter
     for step in range(1, args.steps + 1):
         tokens, targets = (
             t.to(device) for t in data.lookup_tokens(step, 0, args.batch_size, VOCAB)
@@ -189,12 +190,16 @@ def main(argv=None) -> None:
         (loss + args.aux_weight * aux).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        load = stats["load"].float()
+        load, dropped = stats["load"].float(), stats["dropped"].item() / (len(logits) * args.top_k)
+        busiest = (load.max() / load.mean()).item()
+        if step > args.steps // 4:  # after the first quarter: the router has settled
+            after.append((busiest, dropped))
         if step % 50 == 0 or step == 1:
             print(f"step {step}/{args.steps}: loss {loss.item():.4f}, busiest expert "
-                  f"{(load.max() / load.mean()).item():.2f} x the mean, dropped "
-                  f"{stats['dropped'].item() / (tokens.numel() * args.top_k):.1%}",
-                  flush=True)  # fmt: skip
+                  f"{busiest:.2f} x the mean, dropped {dropped:.1%}", flush=True)  # fmt: skip
+    mean = [sum(column) / len(column) for column in zip(*after, strict=True)]
+    print(f"steps {args.steps // 4 + 1}-{args.steps}: busiest expert {mean[0]:.3f} x the mean "
+          f"on average, {mean[1]:.2%} of the choices dropped")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ EXACT is measured over seeds 0-11 by `python -m course tolerances 13`.
 from __future__ import annotations
 
 import re
-import statistics
 import sys
 from pathlib import Path
 
@@ -157,9 +156,10 @@ def test_the_layer_computes_what_the_graders_computes(impl, tmp_path_factory):
 
 
 LOAD = re.compile(r"step (\d+)/\d+: loss ([\d.]+), busiest expert ([\d.]+) x the mean")
+AFTER = re.compile(r"steps \d+-200: busiest expert ([\d.]+) x the mean on average")
 GAIN = tolerance(
-    "13.balance_gain", low=0.1, test="test_the_balancing_loss_evens_the_load",
-    what="moe.py's busiest expert over the mean, steps 50-200, averaged, without the "
+    "13.balance_gain", low=0.05, test="test_the_balancing_loss_evens_the_load",
+    what="moe.py's busiest expert over the mean, averaged over steps 51-200, without the "
     "balancing loss minus with it (weight 0.01), at --seed drawn from the grading seed",
 )  # fmt: skip
 LEARNED = tolerance(
@@ -201,8 +201,8 @@ def _output(runs, name: str) -> str:
 @pytest.mark.points(2)
 def test_the_balancing_loss_evens_the_load(runs):
     """moe.py, 200 steps, with its balancing loss (weight 0.01) and without: both learn
-    (loss below LEARNED), and the busiest expert's load over the mean, averaged over the
-    printed steps from 50 on, is lower with the loss by at least GAIN."""
+    (loss below LEARNED), and the busiest expert's load over the mean, averaged over steps
+    51-200 as the script prints it, is lower with the loss by at least GAIN."""
     seen = {}
     for name in ("aux", "no-aux"):
         rows = [(int(s), float(loss), float(r)) for s, loss, r in LOAD.findall(_output(runs, name))]
@@ -211,7 +211,9 @@ def test_the_balancing_loss_evens_the_load(runs):
         assert rows[-1][1] <= LEARNED.high, (
             f"moe.py ({name}): loss {rows[-1][1]} after 200 steps, expected below {LEARNED.high}"
         )
-        seen[name] = statistics.mean(r for s, _, r in rows if s >= 50)
+        after = AFTER.findall(_output(runs, name))
+        assert after, f"moe.py ({name}): no line 'steps 51-200: busiest expert ... on average'"
+        seen[name] = float(after[0])
     gain = seen["no-aux"] - seen["aux"]
     GAIN.note(gain)
     assert gain >= GAIN.low, (
