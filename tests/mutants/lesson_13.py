@@ -36,6 +36,14 @@ MUTANTS = [
         caught_by="balance_loss_is",
     ),
     dict(
+        name="balance_without_gradient",
+        why="the mean probabilities detached: the balancing loss has the right value and "
+        "no effect on the router",
+        old="    return n_experts * (share * probs.mean(0)).sum()\n",
+        new="    return n_experts * (share * probs.mean(0).detach()).sum()\n",
+        caught_by="evens_the_load",
+    ),
+    dict(
         name="combine_without_gates",
         why="the experts' outputs added without their gates: the router gets no gradient "
         "from the task and every chosen expert counts fully",
