@@ -156,19 +156,22 @@ ALTERNATIVES = [
                 old="        out = x.new_empty((sum(receive), *x.shape[1:]))\n"
                 "        dist.all_to_all_single(out, x.contiguous(), receive, send, group=group)\n"
                 "        return out\n",
-                new="        parts = [x.new_empty((n, *x.shape[1:])) for n in receive]\n"
-                "        dist.all_to_all(parts, list(x.split(send)), group=group)\n"
-                "        return torch.cat(parts)\n",
+                new="        ctx.splits = (send, receive, group)\n"
+                "        out = torch.empty(sum(receive), *x.shape[1:], dtype=x.dtype)\n"
+                "        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=receive,\n"
+                "                               input_split_sizes=send, group=group)\n"
+                "        return out\n",
             ),
             dict(
                 file=EP,
                 old="        back = grad.new_empty((sum(ctx.send), *grad.shape[1:]))\n"
                 "        dist.all_to_all_single(back, grad.contiguous(), ctx.send, ctx.receive, "
                 "group=ctx.group)\n        return back, None, None, None\n",
-                new="        parts = [grad.new_empty((n, *grad.shape[1:])) for n in ctx.send]\n"
-                "        pieces = [p.contiguous() for p in grad.split(ctx.receive)]\n"
-                "        dist.all_to_all(parts, pieces, group=ctx.group)\n"
-                "        return torch.cat(parts), None, None, None\n",
+                new="        send, receive, group = ctx.splits\n"
+                "        back = torch.empty(sum(send), *grad.shape[1:], dtype=grad.dtype)\n"
+                "        dist.all_to_all_single(back, grad.contiguous(), output_split_sizes=send,\n"
+                "                               input_split_sizes=receive, group=group)\n"
+                "        return back, None, None, None\n",
             ),
             dict(
                 file=EP,
