@@ -66,7 +66,7 @@ where a new helper goes (tests/course/test_layout.py checks this map against the
     student/         hints, clock, spy, bandwidth, timeline, sharding_memory
                      (course memory), find_unused, bench/
     instructor/      grade_class, autograder, classroom, grading_cost
-    author/          release, sizes, record (runs recording_catalogue), figures,
+    author/          release, sizes, record (runs recording_catalogue, recordings_late), figures,
                      measure_tolerances (course tolerances) and tolerance_store (its
                      record), mutants, durations, schedules, zero_stages
 

@@ -197,6 +197,19 @@ LESSONS: tuple[Lesson, ...] = (
         exercises=("checkpoint.py", "ring.py"),
         launchers=(("ring.py", "spawn"),),
     ),
+    Lesson(
+        number="13",
+        slug="13_experts",
+        title="Mixture of experts: routing and expert parallelism",
+        level="advanced",
+        script="moe.py",
+        launcher="python",
+        summary="A router sends each token to 2 of 8 experts, as many as each has room for, "
+        "and a balancing loss keeps them evenly loaded; then the experts split over the "
+        "ranks, tokens sent to them and back by all-to-all with uneven splits, by hand.",
+        exercises=("moe.py", "experts.py"),
+        launchers=(("experts.py", "spawn"),),
+    ),
 )
 
 

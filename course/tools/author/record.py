@@ -23,9 +23,11 @@ from pathlib import Path
 
 from course import REPO_ROOT, atomic, launch
 from course.launch.warm import protocol
-from course.tools.author.recording_catalogue import RECORDINGS, Recording
+from course.tools.author.recording_catalogue import EARLY, Recording
+from course.tools.author.recordings_late import LATE
 
 FOLDER = REPO_ROOT / "docs" / "results" / "outputs"
+RECORDINGS = (*EARLY, *LATE)
 
 # Figures that change from run to run: masked before a record is compared.
 VOLATILE = [
@@ -58,6 +60,8 @@ VOLATILE = [
     (re.compile(r"step \d+ ms,"), "step N ms,"),
     # ...and ring.py's peak: the all-gather's varies by a buffer (1.3 MiB in 5) from run to run
     (re.compile(r"peak [\d.]+ MiB, step"), "peak N MiB, step"),
+    # lesson 13: moe.py --time
+    (re.compile(r" *[\d.]+ ms forward and backward"), " N ms forward and backward"),
 ]
 # Lines a record leaves out, because whether and in which form they appear
 # varies from run to run: the traceback a surviving rank prints when its peer

@@ -1,11 +1,9 @@
-"""What `python -m course record` records: each page's output blocks, as commands.
+"""What `python -m course record` records: each page's output blocks, as commands (lessons
+00 to 09 here, and the Recording each is; 10 on in recordings_late.py).
 
 A Recording names a script (the reference, or a broken starter of lesson 09), its
 arguments and environment, and what the page says it shows; course/tools/author/record.py runs
 them and keeps their outputs, and tests/site/test_recorded_outputs.py runs them again.
-
-Over 300 lines, on purpose: one list of every output block the site shows, each a few
-lines, in course order; split by lesson it would be many small files read together.
 """
 
 from __future__ import annotations
@@ -80,16 +78,7 @@ RANK_1_ALONE = (
     ("WORLD_SIZE", "2"),
 )
 
-# Lesson 12's ring.py, three ways on 4 gloo ranks.
-RING_12 = tuple(
-    Recording(f"12_{name}", "12_long_sequences/ring.py",
-              ("--nproc", "4", "--backend", "gloo", "--seq", "512", *flags), f"lesson 12, {what}")
-    for name, flags, what in (("ring_plain", ("--split", "plain"), "ring attention, cut in 4"),
-                              ("ring_zigzag", (), "ring attention, the zig-zag split"),
-                              ("gather", ("--attention", "gather"), "the all-gather baseline"))
-)  # fmt: skip
-
-RECORDINGS = (
+EARLY = (
     Recording(
         "01_cpu",
         "01_single_device/train.py",
@@ -280,121 +269,4 @@ RECORDINGS = (
         (),
         "lesson 09's silent.py, fixed",
     ),
-    Recording(
-        "10_sharded",
-        "10_sharding/zero.py",
-        ("--nproc", "2", "--backend", "gloo", "--epochs", "2", "--batch-size", "32"),
-        "lesson 10, ShardedOptimizer on two gloo ranks",
-    ),
-    Recording(
-        "10_plain",
-        "10_sharding/zero.py",
-        ("--nproc", "2", "--backend", "gloo", "--epochs", "2", "--batch-size", "32")
-        + ("--optimizer", "plain"),
-        "lesson 10, AdamW whole on each of two gloo ranks",
-    ),
-    Recording(
-        "10_torch",
-        "10_sharding/zero.py",
-        ("--nproc", "2", "--backend", "gloo", "--epochs", "2", "--batch-size", "32")
-        + ("--optimizer", "torch"),
-        "lesson 10, PyTorch's ZeroRedundancyOptimizer on two gloo ranks",
-    ),
-    Recording(
-        "10_fsdp",
-        "10_sharding/fsdp.py",
-        ("--nproc", "2", "--backend", "gloo"),
-        "lesson 10, MiniFSDP on two gloo ranks, TinyLM of width 64 and 2 blocks",
-    ),
-    Recording(
-        "10_fsdp2_save",
-        "10_sharding/fsdp2.py",
-        ("--nproc", "2", "--backend", "gloo", "--steps", "30", "--checkpoint", "ckpt"),
-        "lesson 10, FSDP2 on two gloo ranks, a distributed checkpoint saved at step 30",
-    ),
-    Recording(
-        "10_fsdp2_resume",
-        "10_sharding/fsdp2.py",
-        ("--nproc", "3", "--backend", "gloo", "--steps", "60", "--checkpoint", "ckpt"),
-        "lesson 10, FSDP2: the checkpoint two ranks saved at step 30, resumed on three",
-        before=("--nproc", "2", "--backend", "gloo", "--steps", "30", "--checkpoint", "ckpt"),
-    ),
-    Recording(
-        "10_fsdp2_straight",
-        "10_sharding/fsdp2.py",
-        ("--nproc", "2", "--backend", "gloo", "--steps", "60"),
-        "lesson 10, FSDP2 on two gloo ranks, 60 steps without a stop",
-    ),
-    Recording(
-        "10_fsdp2_whole",
-        "10_sharding/fsdp2.py",
-        ("--nproc", "2", "--backend", "gloo", "--steps", "1", "--compute-dtype", "bf16")
-        + ("--no-reshard-after-forward",),
-        "lesson 10, FSDP2 without resharding after forward: every block stays whole",
-        keep=r"^\d+ ranks, logits",
-    ),
-    Recording(
-        "10_memory",
-        "",
-        ("--nproc", "2", "--backend", "gloo"),
-        "lesson 10, the bytes each way of sharding keeps per rank, predicted and counted",
-        verb="memory",
-    ),
-    Recording(
-        "10_fsdp_wide",
-        "10_sharding/fsdp.py",
-        ("--nproc", "2", "--backend", "gloo", "--dim", "256", "--depth", "4", "--steps", "5"),
-        "lesson 10, MiniFSDP, TinyLM of width 256 and 4 blocks",
-    ),
-    Recording(
-        "11_1f1b",
-        "11_model_parallel/pipeline.py",
-        ("--nproc", "2", "--backend", "gloo", "--schedule", "1f1b", "--micro-batches", "8")
-        + ("--steps", "20"),
-        "lesson 11, 1F1B on two gloo stages, 8 micro-batches",
-        ordered=False,
-    ),
-    Recording(
-        "11_bubble_4",
-        "11_model_parallel/pipeline.py",
-        ("--nproc", "3", "--backend", "gloo", "--schedule", "1f1b", "--stage-ms", "20")
-        + ("--steps", "4", "--micro-batches", "4", "--batch-size", "48"),
-        "lesson 11, the bubble of 1F1B on three stages, 4 micro-batches",
-        ordered=False,
-    ),
-    Recording(
-        "11_bubble_12",
-        "11_model_parallel/pipeline.py",
-        ("--nproc", "3", "--backend", "gloo", "--schedule", "1f1b", "--stage-ms", "20")
-        + ("--steps", "4", "--micro-batches", "12", "--batch-size", "48"),
-        "lesson 11, the bubble of 1F1B on three stages, 12 micro-batches",
-        ordered=False,
-    ),
-    Recording(
-        "11_tensor",
-        "11_model_parallel/tensor.py",
-        ("--nproc", "2", "--backend", "gloo", "--steps", "20"),
-        "lesson 11, every block's MLP split across two gloo ranks by hand",
-    ),
-    Recording(
-        "12_hand",
-        "12_long_sequences/checkpoint.py",
-        ("--device", "cpu", "--steps", "30"),
-        "lesson 12, a transformer trained with every block checkpointed by hand",
-    ),
-    Recording(
-        "12_sweep",
-        "12_long_sequences/checkpoint.py",
-        ("--device", "cpu", "--sweep", "64", "128", "256", "--batch-size", "4", "--depth", "2"),
-        "lesson 12, what each way of checkpointing keeps, and its step time, on a CPU",
-    ),
-    Recording(
-        "12_sweep_gpu",
-        "12_long_sequences/checkpoint.py",
-        ("--device", "cuda", "--sweep", "1024", "2048", "4096", "--batch-size", "4")
-        + ("--dim", "512", "--heads", "8"),
-        "lesson 12, the same on one GPU: bytes from the CUDA allocator",
-        gpus=1,
-    ),
-    *RING_12,
 )
