@@ -168,12 +168,18 @@ def test_torch_checkpoint_gives_the_same_gradients(impl, tmp_path_factory, refer
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_selective_keeps_the_matmuls_and_recomputes_the_rest(impl, tmp_path_factory):
-    """Read from the allocator after forward (saved-tensor hooks do not see what
+    """The saved-tensor meter sees the formula's bytes kept without checkpointing, exactly.
+    Read from the allocator after forward (saved-tensor hooks do not see what
     torch.utils.checkpoint keeps): no checkpointing keeps the formula's bytes, full its
     inputs, selective its inputs and every matmul's output, each within 8 KiB a block
     (the random state kept for dropout). Counted FLOPs: full recomputes the matmuls (4/3
     of the unchecked step), selective does not (the same)."""
     found, _ = _case(impl, tmp_path_factory, "torch_ways")
+    kept, want = found["none"]["saved_after_forward"], m.L * m.block_bytes("none")
+    assert kept == want, (
+        f"without checkpointing the saved-tensor meter saw {kept:,} bytes kept for backward; "
+        f"the formula says {want:,} for {m.L} blocks"
+    )
     for mode, flops in (("none", 3), ("full", 4), ("selective", 3)):
         kept, want = found[mode]["allocated_after_forward"], m.L * m.block_bytes(mode)
         assert want <= kept <= want + m.L * RNG_SLACK, (

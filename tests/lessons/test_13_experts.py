@@ -132,7 +132,8 @@ def test_balance_loss_is_switch_transformers(impl, tmp_path_factory):
 @pytest.mark.points(3)
 def test_the_layer_computes_what_the_graders_computes(impl, tmp_path_factory):
     """MoE with the grader's router and 8 experts, 24 tokens, top-2, capacity factor 1:
-    the output, the balancing loss, and the gradients of the input, the router and every
+    the choices each expert gets and how many are dropped, the output, the balancing
+    loss, and the gradients of the input, the router and every
     expert from (output x w).sum() + the loss equal the grader's layer in float64."""
     found, tensors = _case(impl, tmp_path_factory, "layer")
     router, experts = m.experts_like(SEED)
@@ -140,6 +141,10 @@ def test_the_layer_computes_what_the_graders_computes(impl, tmp_path_factory):
     x, w = m.inputs(SEED)
     out, aux, wd, xd, chosen, keep = m.layer(weights, x)
     ((out * w.double()).sum() + aux).backward()
+    load = torch.bincount(chosen.flatten(), minlength=m.E).tolist()
+    assert found["load"] == load, (
+        f"MoE's choices per expert {found['load']}, the grader's routing gives {load}"
+    )
     assert found["dropped"] == int((~keep).sum()), (
         f"MoE dropped {found['dropped']} choices, the grader's layer {int((~keep).sum())}"
     )
