@@ -49,6 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--depth", type=options.positive_int, default=4, help="blocks, all stages")
     p.add_argument("--steps", type=options.positive_int, default=40, help="train up to this step")
     p.add_argument("--checkpoint", type=Path, help="resume from its latest step; save there")
+    p.add_argument("--log-every", type=options.positive_int, default=10, help="steps a line")
     p.add_argument("--seed", type=int, default=0, help="the initial weights' seed")
     args = p.parse_args(argv)
     world = args.pp * args.dp * args.tp
@@ -71,7 +72,7 @@ def make_mesh(device_type: str, pp: int, dp: int, tp: int):
     """The ranks as a (pp, dp, tp) mesh, its axes named: mesh["tp"] is this rank's tensor-
     parallel group, mesh["dp"] its data-parallel one, mesh["pp"] its pipeline."""
     # TODO: make the 3-D device mesh, tp the last (fastest-varying) axis, pp the first.
-    raise NotImplementedError("TODO at 14_composing/compose.py:74 is not done yet")
+    raise NotImplementedError("TODO at 14_composing/compose.py:75 is not done yet")
 
 
 # --8<-- [end:mesh]
@@ -81,7 +82,7 @@ def stage_of(model: models.StagedLM, stage: int, stages: int) -> models.StagedLM
     blocks on every stage, the embedding on the first, the norm and head on the last."""
     # TODO: delete the blocks that are not this stage's, and set to None the embedding
     #   (except on the first stage) and the norm and head (except on the last).
-    raise NotImplementedError("TODO at 14_composing/compose.py:84 is not done yet")
+    raise NotImplementedError("TODO at 14_composing/compose.py:85 is not done yet")
     return model
 
 
@@ -93,7 +94,7 @@ def parallelize(model: models.StagedLM, mesh) -> None:
     # TODO: for each block, split its up layer column-wise and its down layer row-wise
     #   on the tp axis, then shard the block with fully_shard on the dp axis; last, shard
     #   the root the same way.
-    raise NotImplementedError("TODO at 14_composing/compose.py:96 is not done yet")
+    raise NotImplementedError("TODO at 14_composing/compose.py:97 is not done yet")
 
 
 # --8<-- [end:parallelize]
@@ -106,7 +107,7 @@ def pipeline(model: models.StagedLM, mesh, micro_batches: int, device):
 
     # TODO: wrap the model in a PipelineStage whose index and count are this rank's place
     #   on the pp axis, talking over that axis's group; return a Schedule1F1B of it.
-    raise NotImplementedError("TODO at 14_composing/compose.py:109 is not done yet")
+    raise NotImplementedError("TODO at 14_composing/compose.py:110 is not done yet")
 
 
 # --8<-- [end:pipeline]
@@ -168,7 +169,7 @@ def train(rank: int, device, args) -> None:
         # The loss lives on the last stage, the same on its tp ranks: count each row once.
         mine = last and mesh["tp"].get_local_rank() == 0
         mean, _ = ranks.mean_over_ranks(loss.item() if mine else 0.0, len(tokens) * mine)
-        if rank == 0 and (step % 10 == 0 or step in (start + 1, args.steps)):
+        if rank == 0 and (step % args.log_every == 0 or step in (start + 1, args.steps)):
             print(f"step {step}/{args.steps}: loss {mean:.4f}", flush=True)
     if args.checkpoint and start < args.steps:
         args.checkpoint.mkdir(parents=True, exist_ok=True)

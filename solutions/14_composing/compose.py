@@ -49,6 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--depth", type=options.positive_int, default=4, help="blocks, all stages")
     p.add_argument("--steps", type=options.positive_int, default=40, help="train up to this step")
     p.add_argument("--checkpoint", type=Path, help="resume from its latest step; save there")
+    p.add_argument("--log-every", type=options.positive_int, default=10, help="steps a line")
     p.add_argument("--seed", type=int, default=0, help="the initial weights' seed")
     args = p.parse_args(argv)
     world = args.pp * args.dp * args.tp
@@ -205,7 +206,7 @@ def train(rank: int, device, args) -> None:
         # The loss lives on the last stage, the same on its tp ranks: count each row once.
         mine = last and mesh["tp"].get_local_rank() == 0
         mean, _ = ranks.mean_over_ranks(loss.item() if mine else 0.0, len(tokens) * mine)
-        if rank == 0 and (step % 10 == 0 or step in (start + 1, args.steps)):
+        if rank == 0 and (step % args.log_every == 0 or step in (start + 1, args.steps)):
             print(f"step {step}/{args.steps}: loss {mean:.4f}", flush=True)
     if args.checkpoint and start < args.steps:
         args.checkpoint.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ import torch
 
 from course import registry
 from course.grader.case_runs import run_lesson_cases
+from course.grader.draws import draw
 from course.grader.tolerances import seed, tolerance
 
 LESSON = registry.get("14")
@@ -319,7 +320,7 @@ def test_a_checkpoint_of_one_shape_resumes_on_another(impl, tmp_path_factory):
     found, tensors = _case(impl, tmp_path_factory, "shapes")
     _same_state(tensors, "loaded", "loaded on (dp 4, tp 2)")
     control = _curve(found, "1,8,1")
-    _follows(_curve(found, "resumed"), control[m.SAVED_AT:], "resumed on (dp 4, tp 2)")
+    _follows(_curve(found, "resumed"), control[m.SAVED_AT :], "resumed on (dp 4, tp 2)")
 
 
 @pytest.mark.points(1)
@@ -329,7 +330,7 @@ def test_one_process_resumes_it_too(impl, tmp_path_factory):
     found, tensors = _case(impl, tmp_path_factory, "shapes")
     _same_state(tensors, "single", "loaded in one process")
     control = _curve(found, "1,8,1")
-    _follows(found["single"], control[m.SAVED_AT:], "resumed in one process")
+    _follows(found["single"], control[m.SAVED_AT :], "resumed in one process")
 
 
 # --- the script ----------------------------------------------------------------------
@@ -343,12 +344,13 @@ def runs(impl, tmp_path_factory, launcher):
     """compose.py on 4 ranks (pp 2, dp 1, tp 2), and two meshes it must refuse, at once."""
     if str(impl) not in _runs:
         script = str(LESSON.path(impl))
-        jobs = {}
+        jobs, drawn = {}, str(draw("14.script_seed", range(4)) + seed(0))
         for name, flags in (
-            ("train", ["--pp", "2", "--dp", "1", "--tp", "2", "--steps", "30"]),
+            ("train", ["--pp", "2", "--dp", "1", "--tp", "2", "--steps", "30", "--seed", drawn,
+                       "--log-every", "4"]),
             ("product", ["--pp", "2", "--dp", "2", "--tp", "2", "--nproc", "4"]),
             ("depth", ["--pp", "3", "--dp", "1", "--tp", "1", "--depth", "4"]),
-        ):
+        ):  # fmt: skip
             folder = tmp_path_factory.mktemp(name)
             jobs[name] = dict(args=[sys.executable, script, "--backend", "gloo", *flags],
                               timeout=120, cwd=folder)  # fmt: skip
@@ -358,14 +360,19 @@ def runs(impl, tmp_path_factory, launcher):
 
 @pytest.mark.points(2)
 def test_the_script_trains_and_refuses_bad_meshes(runs):
-    """compose.py --pp 2 --dp 1 --tp 2, 30 steps: the loss falls from ln 64 below LEARNED.
+    """compose.py --pp 2 --dp 1 --tp 2, 30 steps at a drawn seed, a line every 4: the loss
+    falls from ln 64 below LEARNED.
     A mesh whose product is not --nproc, and blocks that do not split into the stages,
     are refused in one line each, before any rank starts."""
     result = runs["train"]
     if not result.ok:
         pytest.fail(f"{' '.join(result.args[1:])}: {result.failure()}", pytrace=False)
     steps = STEP.findall(result.output)
-    assert steps and steps[-1][0] == "30", f"compose.py: printed steps {[s[0] for s in steps]}"
+    printed = [int(s[0]) for s in steps]
+    assert printed == [1, *range(4, 30, 4), 30], (
+        f"compose.py --log-every 4 --steps 30 printed steps {printed}; expected 1, every "
+        "4th, and 30"
+    )
     LEARNED.note(float(steps[-1][1]))
     assert float(steps[-1][1]) <= LEARNED.high < float(steps[0][1]), (
         f"compose.py: loss {steps[0][1]} at step 1 and {steps[-1][1]} at 30; expected below "
@@ -375,8 +382,11 @@ def test_the_script_trains_and_refuses_bad_meshes(runs):
         bad = runs[name]
         lines = [line for line in bad.output.strip().splitlines() if line.strip()]
         assert (
-            bad.returncode not in (0, None) and len(lines) == 1 and "Traceback" not in bad.output
-            and words in bad.output and "ranks as mesh" not in bad.output
+            bad.returncode not in (0, None)
+            and len(lines) == 1
+            and "Traceback" not in bad.output
+            and words in bad.output
+            and "ranks as mesh" not in bad.output
         ), (
             f"{' '.join(bad.args[2:])}: exit {bad.returncode}, {bad.output[-400:]!r}; "
             f"expected a one-line error naming {words}, before any rank starts"

@@ -58,8 +58,7 @@ MUTANTS = [
     ),
     dict(
         name="stage_index_from_global_rank",
-        why="the stage's index taken from the global rank: ranks 2-7 name stages that do "
-        "not exist",
+        why="the stage's index taken from the global rank: ranks 2-7 name stages that do not exist",
         old="    stage = PipelineStage(model, pp.get_local_rank(), pp.size(), device, "
         "group=pp.get_group())\n",
         new="    stage = PipelineStage(model, dist.get_rank(), pp.size(), device, "
@@ -101,7 +100,7 @@ ALTERNATIVES = [
                 "            setattr(model, name, None)\n",
             ),
             dict(
-                old="    plan = {\"up\": ColwiseParallel(), \"down\": RowwiseParallel()}\n"
+                old='    plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}\n'
                 "    for block in model.blocks.values():\n"
                 '        parallelize_module(block, mesh["tp"], plan)\n'
                 '        fully_shard(block, mesh=mesh["dp"])\n'
@@ -114,7 +113,7 @@ ALTERNATIVES = [
                 '    fully_shard(model, mesh=mesh["dp"], reshard_after_forward=False)\n',
             ),
             dict(
-                old="    pp = mesh[\"pp\"]\n"
+                old='    pp = mesh["pp"]\n'
                 "    stage = PipelineStage(model, pp.get_local_rank(), pp.size(), device, "
                 "group=pp.get_group())\n"
                 "    return Schedule1F1B(stage, micro_batches, loss_fn=loss_fn)\n",

@@ -141,9 +141,7 @@ def _composed(lesson, rank: int, out: Path, summed: bool) -> dict:
         "embed": run.model.embed is not None,
         "head": run.model.head is not None,
         "stage": run.stage,
-        "local_bytes": sum(
-            getattr(p, "_local_tensor", p).nbytes for p in run.model.parameters()
-        ),
+        "local_bytes": sum(getattr(p, "_local_tensor", p).nbytes for p in run.model.parameters()),
     }
     losses, recorder = [], CommRecorder()
     for step in (1, 2):
