@@ -136,8 +136,8 @@ def pipeline(model: models.StagedLM, mesh, micro_batches: int, device):
 
     # TODO: wrap the model in a PipelineStage whose index and count are this rank's place
     #   on the pp axis, talking over that axis's group; return a Schedule1F1B of it.
-    # HINT 1: Without a group, a stage's neighbours are global ranks stage - 1 and
-    #   stage + 1: on a 3-D mesh those are other ranks entirely.
+    # HINT 1: Without a group, a stage takes every rank for its pipeline: here 8 ranks
+    #   for 2 stages, which it refuses.
     # HINT 2: pp = mesh["pp"]; PipelineStage(model, pp.get_local_rank(), pp.size(),
     #   device, group=pp.get_group()); Schedule1F1B(that, micro_batches, loss_fn=loss_fn)
     ### BEGIN SOLUTION
