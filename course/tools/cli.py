@@ -233,7 +233,7 @@ VERBS = (
     Verb("schedules", AUTHOR, "author.schedules",
          "lesson 11: GPipe and 1F1B measured, and the bubble", errors=(ValueError, RuntimeError)),
     Verb("compositions", AUTHOR, "author.compositions",
-         "lesson 14: four meshes' loss curves, a resume, the collectives by axis",
+         "lesson 14: four meshes' curves, a resume, collectives by axis",
          errors=(ValueError, RuntimeError)),
 )  # fmt: skip
 BY_NAME = {verb.name: verb for verb in VERBS}

@@ -165,12 +165,16 @@ def provenance(argv: list[str]) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m course compositions",
                                 description=__doc__.split("\n")[0])  # fmt: skip
     p.add_argument("--out", required=True, help="the record (JSON)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
     doc = measure()
     doc["provenance"] = provenance(argv)
     atomic.write_json(doc, args.out, indent=1)
