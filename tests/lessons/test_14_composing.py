@@ -6,7 +6,7 @@ submission's make_mesh, stage_of, parallelize and pipeline on 8 forked gloo rank
 trains it with the grader's own loop on the grader's batches:
   composed  mesh (pp 2, dp 2, tp 2), 2 steps, every collective recorded with its group;
   shapes    the 1-D FSDP control (dp 8), (dp 2, tp 4), (dp 4, tp 2) and (pp 2, dp 2, tp 2),
-            5 steps each; a checkpoint saved by the last at step 3, resumed on
+            4 steps each; a checkpoint saved by the last at step 2, resumed on
             (dp 4, tp 2) and in one process.
 This process trains the whole model on the whole batch in one process (the reference,
 tests/lessons/cases/lesson_14_models.py) and compares.
@@ -46,7 +46,7 @@ CURVE = tolerance(
     "14.curve", high=1e-5,
     test="test_every_shape_follows_the_1d_fsdp_control "
     "test_a_checkpoint_of_one_shape_resumes_on_another test_one_process_resumes_it_too",
-    what="largest difference of any step's loss, over 5 steps, between a mesh's run (or a "
+    what="largest difference of any step's loss, over 4 steps, between a mesh's run (or a "
     "resumed one) and the 1-D FSDP control's",
 )  # fmt: skip
 LEARNED = tolerance(
@@ -65,7 +65,7 @@ def _case(impl, tmp_path_factory, name: str):
         folder = tmp_path_factory.mktemp(name)
         _cases[key] = run_lesson_cases(impl, LESSON, CASES, folder, only=[name])
     cases = _cases[key]
-    return cases(name), cases.tensors(name)
+    return cases(name), ({} if name == "layout" else cases.tensors(name))  # layout: no tensors
 
 
 def _ranks(found) -> dict[int, dict]:
@@ -87,9 +87,8 @@ def _gap(got, want) -> float:
 @pytest.mark.points(2)
 def test_the_mesh_groups_are_the_ones_the_page_draws(impl, tmp_path_factory):
     """make_mesh on 8 ranks as (pp 2, dp 2, tp 2): each rank's tp group is its neighbour
-    pair (0-1, 2-3...), its dp group the ranks 2 apart, its pp group the ranks 4 apart;
-    and every collective the recorder saw ran on one of the rank's three groups."""
-    found, _ = _case(impl, tmp_path_factory, "composed")
+    pair (0-1, 2-3...), its dp group the ranks 2 apart, its pp group the ranks 4 apart."""
+    found, _ = _case(impl, tmp_path_factory, "layout")
     for rank, seen in _ranks(found).items():
         want = m.groups(m.COMPOSED, rank)
         for axis in AXES:
@@ -98,21 +97,14 @@ def test_the_mesh_groups_are_the_ones_the_page_draws(impl, tmp_path_factory):
                 f"puts it in {want[axis]} (ranks numbered along tp fastest, then dp, then "
                 "pp). Likely cause: the mesh's axes in another order than (pp, dp, tp)"
             )
-        mine = [sorted(g) for g in want.values()]
-        stray = {tuple(r["group"]) for r in seen["records"] if sorted(r["group"]) not in mine}
-        assert not stray, (
-            f"rank {rank}: collectives ran on groups {sorted(stray)}, none of its mesh's "
-            f"groups {mine}"
-        )
 
 
 @pytest.mark.core
 @pytest.mark.points(2)
-def test_each_stage_holds_an_even_cut_under_the_whole_models_names(impl, tmp_path_factory):
+def test_each_stage_holds_an_even_cut(impl, tmp_path_factory):
     """stage_of on 4 blocks and 2 stages: stage 0 holds blocks 0-1 and the embedding,
-    stage 1 blocks 2-3, the norm and the head; the gradients each stage reports are
-    named as in the whole model, and together they are the whole model's, once."""
-    found, tensors = _case(impl, tmp_path_factory, "composed")
+    stage 1 blocks 2-3, the norm and the head."""
+    found, _ = _case(impl, tmp_path_factory, "layout")
     for rank, seen in _ranks(found).items():
         stage = seen["stage"]
         want = m.blocks_of(stage, 2)
@@ -125,13 +117,6 @@ def test_each_stage_holds_an_even_cut_under_the_whole_models_names(impl, tmp_pat
             f"head {'kept' if seen['head'] else 'gone'}; expected the embedding on the first "
             "stage only, the norm and head on the last only"
         )
-    names = sorted(k.split("/", 2)[2] for k in tensors)
-    whole = sorted(n for n, _ in m.whole(SEED).named_parameters())
-    assert names == whole, (
-        f"the stages' parameters are named {names[:6]}...; expected the whole model's "
-        f"{whole[:6]}..., each on one stage. Likely cause: the stage rebuilt in a new "
-        "container (an nn.Sequential) rather than cut in place"
-    )
 
 
 @pytest.mark.core
@@ -139,9 +124,17 @@ def test_each_stage_holds_an_even_cut_under_the_whole_models_names(impl, tmp_pat
 def test_step_one_equals_one_process_on_the_whole_batch(impl, tmp_path_factory):
     """Step 1 on (pp 2, dp 2, tp 2) with 2 or 4 micro-batches (drawn): the loss (the mean
     over the last stage's data-parallel ranks) and every gradient, gathered whole, equal
-    one process's on the whole batch within EXACT."""
+    one process's on the whole batch within EXACT; the stages' parameters are named as in
+    the whole model, and together they are the whole model's, once."""
     found, tensors = _case(impl, tmp_path_factory, "composed")
     losses, grads, _, _ = _reference()
+    names = sorted(k.split("/", 2)[2] for k in tensors)
+    whole = sorted(grads)
+    assert names == whole, (
+        f"the stages' parameters are named {names[:6]}...; expected the whole model's "
+        f"{whole[:6]}..., each on one stage. Likely cause: the stage rebuilt in a new "
+        "container (an nn.Sequential) rather than cut in place"
+    )
     last = [s["losses"][0] for s in _ranks(found).values() if s["stage"] == 1]
     assert len(last) == 4 and None not in last, f"the last stage's losses: {last}"
     got = sum(last) / len(last)
@@ -174,8 +167,8 @@ def _step(seen: dict, step: str) -> list[dict]:
 def test_each_collective_runs_on_its_axis(impl, tmp_path_factory):
     """Steps 1 and 2 on (pp 2, dp 2, tp 2), every rank: all-gathers and reduce-scatters
     (FSDP's) on its dp group, all-reduces (TP's activations) on its tp group, sends and
-    receives on its pp group, to and from the other stage; every one of them runs in step
-    2, all in float32."""
+    receives on its pp group, to and from the other stage, and nothing else; every one of
+    them runs in step 2, all in float32."""
     found, _ = _case(impl, tmp_path_factory, "composed")
     for rank, seen in _ranks(found).items():
         want = m.groups(m.COMPOSED, rank)
@@ -284,7 +277,7 @@ def _follows(got: list[float], want: list[float], what: str) -> None:
 
 @pytest.mark.points(3)
 def test_every_shape_follows_the_1d_fsdp_control(impl, tmp_path_factory):
-    """The same seed and global batch, 5 steps: the 1-D FSDP control (dp 8) follows one
+    """The same seed and global batch, 4 steps: the 1-D FSDP control (dp 8) follows one
     process, and (dp 2, tp 4), (dp 4, tp 2) and (pp 2, dp 2, tp 2) follow the control,
     each step within CURVE; the control learns."""
     found, _ = _case(impl, tmp_path_factory, "shapes")
@@ -314,9 +307,9 @@ def _same_state(tensors, prefix: str, what: str) -> None:
 
 @pytest.mark.points(2)
 def test_a_checkpoint_of_one_shape_resumes_on_another(impl, tmp_path_factory):
-    """A checkpoint (torch.distributed.checkpoint) of (pp 2, dp 2, tp 2) at step 3, loaded
+    """A checkpoint (torch.distributed.checkpoint) of (pp 2, dp 2, tp 2) at step 2, loaded
     on (dp 4, tp 2): every weight and AdamW first moment, gathered whole, equals the saved
-    one exactly, and steps 4-5 follow the control within CURVE."""
+    one exactly, and steps 3-4 follow the control within CURVE."""
     found, tensors = _case(impl, tmp_path_factory, "shapes")
     _same_state(tensors, "loaded", "loaded on (dp 4, tp 2)")
     control = _curve(found, "1,8,1")
@@ -326,7 +319,7 @@ def test_a_checkpoint_of_one_shape_resumes_on_another(impl, tmp_path_factory):
 @pytest.mark.points(1)
 def test_one_process_resumes_it_too(impl, tmp_path_factory):
     """The same checkpoint loaded into the whole model in one process, no process group:
-    weights and first moments equal the saved ones, and steps 4-5 follow the control."""
+    weights and first moments equal the saved ones, and steps 3-4 follow the control."""
     found, tensors = _case(impl, tmp_path_factory, "shapes")
     _same_state(tensors, "single", "loaded in one process")
     control = _curve(found, "1,8,1")

@@ -45,18 +45,6 @@ MUTANTS = [
         says=["gradients averaged over the wrong group"],
     ),
     dict(
-        name="axes_swapped",
-        why="TP over the dp axis and FSDP over the tp axis: partial sums of different "
-        "batches added, gradients averaged over identical ones",
-        old='        parallelize_module(block, mesh["tp"], plan)\n'
-        '        fully_shard(block, mesh=mesh["dp"])\n'
-        '    fully_shard(model, mesh=mesh["dp"])\n',
-        new='        parallelize_module(block, mesh["dp"], plan)\n'
-        '        fully_shard(block, mesh=mesh["tp"])\n'
-        '    fully_shard(model, mesh=mesh["tp"])\n',
-        caught_by="step_one",
-    ),
-    dict(
         name="stage_index_from_global_rank",
         why="the stage's index taken from the global rank: ranks 2-7 name stages that do not exist",
         old="    stage = PipelineStage(model, pp.get_local_rank(), pp.size(), device, "

@@ -6,10 +6,12 @@ Every run builds the grader's model (tests/lessons/cases/lesson_14_models.py) wi
 submission's make_mesh, stage_of, parallelize and pipeline, and trains it with the
 grader's own loop on the grader's batches.
 
-Case `composed`: mesh (pp 2, dp 2, tp 2), 2 steps. Each rank writes its mesh groups, the
-blocks its stage holds, every collective the grading kit's recorder saw in each step
-(kind, group, bytes, dtype, peer), and its loss; one rank per stage writes the stage's
-step-1 gradients, gathered whole.
+Case `layout`: make_mesh on (pp 2, dp 2, tp 2), and stage_of on the rank's stage; each
+rank writes its mesh groups and what its stage holds (no step: cheap).
+
+Case `composed`: mesh (pp 2, dp 2, tp 2), 2 steps. Each rank writes its mesh groups, every
+collective the grading kit's recorder saw in each step (kind, group, bytes, dtype, peer),
+and its loss; one rank per stage writes the stage's step-1 gradients, gathered whole.
 
 Case `shapes`: the 1-D FSDP control (dp 8) and (dp 2, tp 4), (dp 4, tp 2), (pp 2, dp 2,
 tp 2), each STEPS steps from the same seed. The last saves a checkpoint at SAVED_AT with
@@ -133,13 +135,26 @@ def _load(model, optimizer, path: Path) -> None:
                    optim_state_dict=state["optim"])  # fmt: skip
 
 
+def _layout(lesson, rank: int, out: Path, summed: bool) -> dict:
+    """The mesh and the stage only: no parallelize, no step."""
+    mesh = lesson.make_mesh("cpu", *m.COMPOSED)
+    stage = mesh["pp"].get_local_rank()
+    model = m.whole(SEED)
+    cut = lesson.stage_of(model, stage, m.COMPOSED[0])
+    model = model if cut is None else cut
+    return {
+        "groups": {a: mesh[a].mesh.flatten().tolist() for a in ("pp", "dp", "tp")},
+        "blocks": sorted(int(k) for k in model.blocks) if model.blocks else [],
+        "embed": model.embed is not None,
+        "head": model.head is not None,
+        "stage": stage,
+    }
+
+
 def _composed(lesson, rank: int, out: Path, summed: bool) -> dict:
     run = Run(lesson, m.COMPOSED, summed)
     found = {
         "groups": {a: run.mesh[a].mesh.flatten().tolist() for a in ("pp", "dp", "tp")},
-        "blocks": sorted(int(k) for k in run.model.blocks) if run.model.blocks else [],
-        "embed": run.model.embed is not None,
-        "head": run.model.head is not None,
         "stage": run.stage,
         "local_bytes": sum(getattr(p, "_local_tensor", p).nbytes for p in run.model.parameters()),
     }
@@ -192,7 +207,8 @@ def _rank(rank, world, port, out, lesson_file, how):
     ranks.join_local(rank, world, "gloo", port)
     try:
         summed = not ranks.reduce_scatter_averages()
-        found = (_composed if how == "composed" else _shapes)(lesson, rank, Path(out), summed)
+        work = {"layout": _layout, "composed": _composed, "shapes": _shapes}[how]
+        found = work(lesson, rank, Path(out), summed)
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(found))
         dist.barrier()
     finally:
@@ -213,6 +229,11 @@ def _spawn(how: str) -> tuple[Path, dict]:
 def _tensors(path: Path, prefix: str) -> dict:
     got = torch.load(path, weights_only=True)
     return {f"{prefix}/{k}": v for k, v in got.items()}
+
+
+@cases.case
+def layout(lesson):
+    return _spawn("layout")[1]
 
 
 @cases.case

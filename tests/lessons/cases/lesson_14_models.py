@@ -13,7 +13,7 @@ VOCAB, DIM, DEPTH, BATCH, LR = 64, 32, 4, 32, 3e-3
 COMPOSED = (2, 2, 2)  # (pp, dp, tp)
 SHAPES = ((1, 8, 1), (1, 2, 4), (1, 4, 2), (2, 2, 2))  # the control first
 RESUMED = (1, 4, 2)  # where the checkpoint that (2, 2, 2) saves is loaded
-STEPS, SAVED_AT = 5, 3
+STEPS, SAVED_AT = 4, 2
 
 
 def batch(step: int):
