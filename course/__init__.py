@@ -68,7 +68,7 @@ where a new helper goes (tests/course/test_layout.py checks this map against the
     instructor/      grade_class, autograder, classroom, grading_cost
     author/          release, sizes, record (runs recording_catalogue, recordings_late), figures,
                      measure_tolerances (course tolerances) and tolerance_store (its
-                     record), mutants, durations, schedules, zero_stages
+                     record), mutants, durations, schedules, compositions, zero_stages
 
 The rules are tested (tests/course/test_layout.py): lessons import only the top level;
 the top level holds only what they import and the registry, and imports nothing below it;

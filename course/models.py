@@ -140,3 +140,31 @@ class CausalBlock(nn.Module):
         weights = self.drop(scores.masked_fill(future, float("-inf")).softmax(-1))
         x = x + self.drop(self.proj((weights @ v).transpose(1, 2).reshape(b, t, d)))
         return x + self.drop(self.down(F.gelu(self.up(self.norm2(x)))))
+
+
+class StagedLM(nn.Module):
+    """TinyLM's shape for lesson 14, made to be cut into pipeline stages: its head is not
+    tied to the embedding (they land on different stages), and its blocks sit in a
+    ModuleDict keyed by their index. A stage deletes what it does not run (blocks, the
+    embedding or the norm and head, set to None) and every parameter it keeps has the name
+    it has in the whole model ("blocks.3.up.weight"): the names a checkpoint is keyed by,
+    so that one saved by stages loads into any other cut, or into one process."""
+
+    def __init__(self, vocab: int = 64, dim: int = 64, depth: int = 4):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleDict({str(i): Block(dim) for i in range(depth)})
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        nn.init.normal_(self.embed.weight, std=0.02)
+
+    def forward(self, x):
+        """Tokens in (if this stage has the embedding) or activations; logits out (if it
+        has the head) or activations."""
+        if self.embed is not None:
+            x = self.embed(x)
+        for block in self.blocks.values():
+            x = block(x)
+        if self.head is not None:
+            x = self.head(self.norm(x))
+        return x

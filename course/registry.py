@@ -210,6 +210,17 @@ LESSONS: tuple[Lesson, ...] = (
         exercises=("moe.py", "experts.py"),
         launchers=(("experts.py", "spawn"),),
     ),
+    Lesson(
+        number="14",
+        slug="14_composing",
+        title="Composing the axes: pipeline, FSDP and tensor parallel on one mesh",
+        level="advanced",
+        script="compose.py",
+        launcher="spawn",
+        summary="Eight ranks as a (pp 2, dp 2, tp 2) device mesh: each block split by "
+        "DTensor, then sharded by FSDP2, the model cut into two pipeline stages; checked "
+        "against a 1-D FSDP control, and a checkpoint of one shape resumed on another.",
+    ),
 )
 
 

@@ -26,6 +26,7 @@ python -m course figures [--run]           # every figure the site shows, made a
 python -m course tolerances [NN ...]       # measure the tests' bounds over many seeds
 python -m course durations runs/suite.xml  # the suite's seconds by file and kind (--junitxml)
 python -m course schedules --out s.json    # lesson 11's schedules, measured, and the bubble
+python -m course compositions --out c.json # lesson 14's meshes: curves, collectives by axis
 
 Each verb is one entry of VERBS below: its name, who runs it, the module that does its work
 (in course/tools/{student,instructor,author}/, by who runs it) and its line of --help; the
@@ -231,6 +232,9 @@ VERBS = (
          "the test suite's seconds by file and kind, from a JUnit file", errors=()),
     Verb("schedules", AUTHOR, "author.schedules",
          "lesson 11: GPipe and 1F1B measured, and the bubble", errors=(ValueError, RuntimeError)),
+    Verb("compositions", AUTHOR, "author.compositions",
+         "lesson 14: four meshes' curves, a resume, collectives by axis",
+         errors=(ValueError, RuntimeError)),
 )  # fmt: skip
 BY_NAME = {verb.name: verb for verb in VERBS}
 

@@ -19,7 +19,7 @@ and it is left alone inside a fenced code block:
 ``<!-- bandwidth-table: docs/results/FOLDER/FILE.json [LIMIT] -->``
     A ``python -m course bandwidth`` record; LIMIT (GB/s per direction, a link's
     rated speed that the page sources) adds the bus bandwidth's share of it. Inline,
-    ``[[bandwidth:FOLDER/FILE:NAME]]`` quotes smallest_time or latency_bound
+    ``[[bandwidth:FOLDER/FILE:NAME]]`` quotes smallest_time, latency_bound or peak_busbw
     (``course.tools.student.bandwidth.figures``).
 ``<!-- bench-table: docs/results/FOLDER/FILE.json -->``
     A ``python -m course bench`` record: its table, provenance and commands.
@@ -46,6 +46,9 @@ and it is left alone inside a fenced code block:
 ``<!-- schedules: docs/results/FOLDER/FILE.json timeline|bubble -->``
     A ``python -m course schedules`` record: lesson 11's measured GPipe and 1F1B, or
     1F1B's bubble against the formula.
+``<!-- compositions: docs/results/FOLDER/FILE.json curves|axes -->``
+    A ``python -m course compositions`` record: lesson 14's meshes' loss curves against the
+    1-D FSDP control, or the collectives of one step by mesh axis.
 ``<!-- bench-plot: docs/results/FOLDER -->``
     The plot of every ``course bench`` record in that folder (or of one record:
     a FILE.json path), drawn at build time. Inline, ``[[bench:FOLDER/FILE:KEY.FIELD]]``
@@ -73,7 +76,11 @@ for _path in (ROOT, HOOKS):  # the course package (installed or not), and ./dire
 
 from directives.grading import render_grading  # noqa: E402
 from directives.hints import render_hints, render_lesson_card, render_lessons_table  # noqa: E402
-from directives.lesson_figures import render_schedules, render_zero_stages  # noqa: E402
+from directives.lesson_figures import (  # noqa: E402
+    render_compositions,
+    render_schedules,
+    render_zero_stages,
+)
 from directives.records import (  # noqa: E402
     INLINE,
     render_bandwidth_table,
@@ -117,6 +124,7 @@ DIRECTIVES = {
     "output": ((1,), render_output, False),
     "zero-stages": ((1,), render_zero_stages, False),
     "schedules": ((2,), render_schedules, False),
+    "compositions": ((2,), render_compositions, False),
     "timeline": ((1,), render_timeline, False),
     "tolerances": ((1,), render_tolerances, False),
 }

@@ -447,16 +447,20 @@ def test_bandwidth_figures_quoted_in_prose_come_from_the_records(tmp_path):
     record; an unknown name or record is a build error, not a blank."""
     folder = tmp_path / "docs" / "results" / "r"
     folder.mkdir(parents=True)
-    rows = [{"bytes": 4096, "time_us": 40.2}, {"bytes": 65536, "time_us": 200.0}]
+    rows = [{"bytes": 4096, "time_us": 40.2, "busbw_gb_s": 0.1},
+            {"bytes": 65536, "time_us": 200.0, "busbw_gb_s": 0.33}]  # fmt: skip
     (folder / "b.json").write_text(json.dumps({"rows": rows}), encoding="utf-8")
     assert records.render_bandwidth_figure("r/b", "smallest_time", root=tmp_path) == "40 us"
     assert records.render_bandwidth_figure("r/b", "latency_bound", root=tmp_path) == "4 KiB"
+    assert records.render_bandwidth_figure("r/b", "peak_busbw", root=tmp_path) == "0.33 GB/s"
     with pytest.raises(hook.PluginError, match="no such figure"):
         records.render_bandwidth_figure("r/b", "nothing", root=tmp_path)
     with pytest.raises(hook.PluginError, match="cannot read"):
         records.render_bandwidth_figure("r/missing", "latency_bound", root=tmp_path)
     page = (DOCS / "lessons" / "05_collectives.md").read_text(encoding="utf-8")
     assert "[[bandwidth:05_allreduce/cpu-gloo:latency_bound]]" in page
+    page = (DOCS / "lessons" / "14_composing.md").read_text(encoding="utf-8")
+    assert "[[bandwidth:05_allreduce/2xh200-nccl:peak_busbw]]" in page
 
 
 def test_bench_figures_quoted_in_prose_come_from_the_records(tmp_path):

@@ -42,6 +42,7 @@ MADE_BY = {  # a record's `kind` -> the course verb that writes it
     "course-bandwidth": "bandwidth",
     "course-timeline": "timeline",
     "course-schedules": "schedules",
+    "course-compositions": "compositions",
     "course-record": "record",
     "course-grading-cost": "grading-cost",
     "course-tolerances": "tolerances",

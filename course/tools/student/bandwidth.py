@@ -139,8 +139,9 @@ LATENCY_BOUND = 2.0
 
 def figures(doc: dict) -> dict[str, str]:
     """What a page quotes from a record ([[bandwidth:FOLDER/FILE:NAME]]): smallest_time,
-    the smallest message's median time, and latency_bound, the largest size that costs at
-    most LATENCY_BOUND times that (up to there, latency dominates)."""
+    the smallest message's median time; latency_bound, the largest size that costs at
+    most LATENCY_BOUND times that (up to there, latency dominates); peak_busbw, the
+    largest bus bandwidth measured."""
     rows = sorted(doc["rows"], key=lambda r: r["bytes"])
     base = rows[0]["time_us"]
     bound = rows[0]["bytes"]
@@ -148,7 +149,9 @@ def figures(doc: dict) -> dict[str, str]:
         if r["time_us"] > LATENCY_BOUND * base:
             break
         bound = r["bytes"]
-    return {"smallest_time": f"{base:.0f} us", "latency_bound": _size(bound)}
+    peak = max(r["busbw_gb_s"] for r in rows)
+    return {"smallest_time": f"{base:.0f} us", "latency_bound": _size(bound),
+            "peak_busbw": f"{peak:.0f} GB/s" if peak >= 10 else f"{peak:.2f} GB/s"}  # fmt: skip
 
 
 def table(doc: dict, markdown: bool = False, limit_gb_s: float | None = None) -> str:

@@ -1,5 +1,5 @@
 """Figures of one lesson drawn from a record: lesson 10's ZeRO stages, lesson 11's
-pipeline schedules and bubble."""
+pipeline schedules and bubble, lesson 14's meshes."""
 
 from __future__ import annotations
 
@@ -7,23 +7,36 @@ from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
-from course.tools.author import schedules, zero_stages
+from course.tools.author import compositions, schedules, zero_stages
 from directives.common import ROOT, known_figure, read_record
 
 
 def render_schedules(path: str, which: str, root: Path = ROOT) -> str:
     """Lesson 11's measured schedules (`python -m course schedules`): "timeline" or "bubble"."""
+    return _measured(schedules, "schedules", path, which, root)
+
+
+def render_compositions(path: str, which: str, root: Path = ROOT) -> str:
+    """Lesson 14's meshes (`python -m course compositions`): "curves" or "axes"."""
+    return _measured(compositions, "compositions", path, which, root)
+
+
+def _measured(tool, directive: str, path: str, which: str, root: Path) -> str:
+    """A CPU figure that `tool` (its load and render_html) draws from the record at `path`,
+    with its provenance."""
     if not (root / path).is_file():
-        raise PluginError(f"schedules: no such file {path!r}")
+        raise PluginError(f"{directive}: no such file {path!r}")
     known_figure(root / path, root)
-    doc = schedules.load(root / path)
+    doc = tool.load(root / path)
     prov = doc["provenance"]
     try:
-        image = schedules.render_html(doc, which)
+        image = tool.render_html(doc, which)
     except ValueError as exc:
         raise PluginError(str(exc)) from exc
+    if not image.startswith("|"):  # an image; a Markdown table stays the page's own
+        image = f'<div class="course-figure">{image}</div>'
     return (
-        f'<div class="course-figure">{image}</div>\n\n'
+        f"{image}\n\n"
         f'??? course-provenance "Measured {prov["date"][:10]} · PyTorch '
         f'{prov["torch"].split("+")[0]} · CPU"\n\n'
         f"    On {prov['device']} ({prov['cpus']} cores), PyTorch {prov['torch']}, by "

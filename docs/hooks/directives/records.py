@@ -161,7 +161,8 @@ def render_bench_figure(record: str, spec: str, root: Path = ROOT) -> str:
 
 def render_bandwidth_figure(record: str, name: str, root: Path = ROOT) -> str:
     """[[bandwidth:FOLDER/FILE:NAME]]: a figure of a `course bandwidth` record under
-    docs/results (course.tools.student.bandwidth.figures: smallest_time, latency_bound)."""
+    docs/results (course.tools.student.bandwidth.figures: smallest_time, latency_bound,
+    peak_busbw)."""
     path = root / "docs" / "results" / f"{record}.json"
     try:
         doc = json.loads(path.read_text())

@@ -15,12 +15,13 @@ from course.tools.author import figures
 
 def parses(verb: str, args: list[str]) -> None:
     """The verb's own parser accepts the arguments the figure would be made with."""
-    from course.tools.author import measure_tolerances, schedules
+    from course.tools.author import compositions, measure_tolerances, schedules
     from course.tools.instructor import grading_cost
     from course.tools.student import bandwidth, bench, timeline
 
     parser = {"bench": bench.parser, "bandwidth": bandwidth.parser, "timeline": timeline.parser}
     parser["schedules"] = schedules.parser
+    parser["compositions"] = compositions.parser
     parser["grading-cost"] = grading_cost.parser
     parser["tolerances"] = measure_tolerances.parser
     try:
@@ -133,7 +134,7 @@ def test_run_makes_what_the_cpu_can_and_says_what_it_skips():
 def test_every_record_writer_names_the_course_version_in_its_provenance():
     """A figure says which version of the course made it (the results page's last column)."""
     import course
-    from course.tools.author import measure_tolerances, record, schedules
+    from course.tools.author import compositions, measure_tolerances, record, schedules
     from course.tools.instructor import grading_cost
     from course.tools.student import bandwidth, timeline
     from course.tools.student.bench.catalogue import Settings
@@ -145,6 +146,7 @@ def test_every_record_writer_names_the_course_version_in_its_provenance():
         "bandwidth": bandwidth.provenance([], "gloo", 2),
         "timeline": timeline.provenance([], "gloo"),
         "schedules": schedules.provenance([]),
+        "compositions": compositions.provenance([]),
         "record": record.provenance(),
         "grading-cost": grading_cost.provenance([]),
         "tolerances": measure_tolerances.provenance("python -m course tolerances"),

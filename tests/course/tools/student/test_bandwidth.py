@@ -49,8 +49,18 @@ def test_table_against_a_rated_limit():
 
 def test_the_latency_bound_is_the_largest_size_within_twice_the_smallest_time():
     rows = [(4096, 30.0), (65536, 33.0), (1 << 20, 59.0), (1 << 24, 61.0), (1 << 26, 50.0)]
-    doc = {"rows": [{"bytes": b, "time_us": t} for b, t in reversed(rows)]}  # any order
+    doc = {"rows": [{"bytes": b, "time_us": t, "busbw_gb_s": b / t / 1e3} for b, t in
+                    reversed(rows)]}  # any order  # fmt: skip
     # 16 MiB is past twice 30 us; 64 MiB, faster again (noise), comes after the break.
-    assert bandwidth.figures(doc) == {"smallest_time": "30 us", "latency_bound": "1 MiB"}
+    got = bandwidth.figures(doc)
+    assert (got["smallest_time"], got["latency_bound"]) == ("30 us", "1 MiB")
     doc["rows"][-1]["time_us"] = 10.0  # the smallest message: all but it are over 2 x 10
     assert bandwidth.figures(doc)["latency_bound"] == "4 KiB"
+
+
+def test_the_peak_bus_bandwidth_is_the_largest_measured():
+    rows = [(1 << 20, 1.5, 300.0), (1 << 30, 2.0, 323.4), (1 << 10, 0.004, 0.01)]
+    doc = {"rows": [{"bytes": b, "time_us": t, "busbw_gb_s": bw} for b, t, bw in rows]}
+    assert bandwidth.figures(doc)["peak_busbw"] == "323 GB/s"
+    doc["rows"] = [dict(r, busbw_gb_s=r["busbw_gb_s"] / 250) for r in doc["rows"]]
+    assert bandwidth.figures(doc)["peak_busbw"] == "1.29 GB/s"  # under 10: two decimals
