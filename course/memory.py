@@ -52,8 +52,10 @@ class _Held:
 
 
 class SavedTensors:
-    def __init__(self, model: nn.Module | None = None, budget: int | None = None):
-        self.budget = budget
+    def __init__(
+        self, model: nn.Module | None = None, budget: int | None = None, parameters: bool = True
+    ):
+        self.budget, self.parameters = budget, parameters
         self.skip = set()
         if model is not None:
             self.skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -62,10 +64,13 @@ class SavedTensors:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, tensor: torch.Tensor):
-        key = tensor.untyped_storage().data_ptr()
+        if not self.parameters and isinstance(tensor, nn.Parameter):
+            return tensor
+        storage = getattr(tensor, "_local_tensor", tensor).untyped_storage()  # a DTensor's own
+        key = storage.data_ptr()
         if key in self.skip:
             return tensor
-        entry = self._count.setdefault(key, [0, tensor.untyped_storage().nbytes()])
+        entry = self._count.setdefault(key, [0, storage.nbytes()])
         if entry[0] == 0:
             if self.budget is not None and self.live + entry[1] > self.budget:
                 del self._count[key]

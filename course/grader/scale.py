@@ -1,0 +1,187 @@
+"""The grading kit's program at scale: one rank of a world of 64 to 1024, counted in one process.
+
+PyTorch's `fake` process-group backend (torch.testing._internal.distributed.fake_pg) lets
+one process join a world of any size as any rank: every collective returns at once, with
+no data moved. FSDP2, DTensor's tensor parallelism and point-to-point sends run on it
+unchanged, so the program that a 1024-GPU job would run can be built and stepped here, as
+its rank r, and what that rank holds and sends counted:
+
+    with fake_world(1024, rank=1000):
+        found = count(Config(pp=4, dp=64, tp=4, depth=7, dim=96, ...))
+    found["held"]["params"], found["traffic"][("dp", "reduce_scatter")]
+
+The model is lesson 14's (course.models.StagedLM), composed as lesson 14 composes it: cut
+into pp stages (depth * s // pp blocks before stage s: unequal when pp does not divide
+depth), each block's MLP split over tp (up by its rows, down by its columns), then
+sharded over dp by FSDP2 (each tensor's first dimension padded to a multiple of dp). The
+pipeline is the grader's own loop of sends and receives (GPipe or 1F1B); PyTorch's
+schedules fail on the fake group under torch 2.14 (stage 0's backward receives no
+gradient). Gradients are reduced once a step, at the last micro-batch.
+
+Counted on the rank (bytes): its parameters, gradients and AdamW state (the local shards),
+the activations autograd keeps at the forward's high-water mark (course.memory's meter,
+FSDP's gathered weights not counted: they are parameters), and every collective by mesh
+axis and kind (the grading kit's recorder), summed over one step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+AXES = ("pp", "dp", "tp")
+
+
+@dataclass(frozen=True)
+class Config:
+    pp: int
+    dp: int
+    tp: int
+    depth: int = 4
+    dim: int = 64
+    vocab: int = 64
+    seq: int = 16
+    batch: int = 0  # sequences a step, all data-parallel ranks together (0: 4 per dp rank)
+    micro_batches: int = 1
+    schedule: str = "1f1b"  # or "gpipe"
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    @property
+    def rows(self) -> int:
+        """Sequences in one micro-batch on one data-parallel rank."""
+        return (self.batch or 4 * self.dp) // self.dp // self.micro_batches
+
+
+@contextlib.contextmanager
+def fake_world(world: int, rank: int):
+    """This process as rank `rank` of `world` on the fake backend, for the block's length."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def cuts(depth: int, stages: int) -> list[int]:
+    """The first block of each stage, and depth: stage s runs blocks cuts[s] to cuts[s+1]-1."""
+    return [depth * s // stages for s in range(stages + 1)]
+
+
+def build(config: Config, mesh):
+    """This rank's stage of StagedLM, split over tp and sharded over dp, on the CPU."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from course import models
+
+    stage, first = mesh["pp"].get_local_rank(), cuts(config.depth, config.pp)
+    with torch.device("meta"):  # 1024 ranks' worth of weights is never allocated whole
+        model = models.StagedLM(config.vocab, config.dim, config.depth)
+    for key in list(model.blocks):
+        if not first[stage] <= int(key) < first[stage + 1]:
+            del model.blocks[key]
+    if stage > 0:
+        model.embed = None
+    if stage < config.pp - 1:
+        model.norm = model.head = None
+    plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
+    for block in model.blocks.values():
+        parallelize_module(block, mesh["tp"], plan)
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    model.to_empty(device="cpu")
+    for p in model.parameters():
+        torch.nn.init.normal_(_local(p), std=0.02)
+    return model
+
+
+def _local(tensor):
+    return getattr(tensor, "_local_tensor", tensor)
+
+
+def _order(config: Config, stage: int) -> list[tuple[str, int]]:
+    """The stage's forwards ("F", i) and backwards ("B", i), in its schedule's order."""
+    m = config.micro_batches
+    if config.schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warmup = min(config.pp - stage - 1, m)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(warmup, m):
+        order += [("F", i), ("B", i - warmup)]
+    return order + [("B", i) for i in range(m - warmup, m)]
+
+
+def count(config: Config) -> dict:
+    """One training step as this process's rank (inside fake_world): bytes held, and
+    bytes sent by axis and kind."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from course.grader.comm import CommRecorder
+    from course.memory import SavedTensors
+
+    shape = (config.pp, config.dp, config.tp)
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=AXES)
+    stage = mesh["pp"].get_local_rank()
+    first, last = stage == 0, stage == config.pp - 1
+    model = build(config, mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    held = {"params": sum(_local(p).nbytes for p in model.parameters())}
+    group, rows, size = mesh["pp"].get_group(), config.rows, (config.rows, config.seq, config.dim)
+    recorder, meter = CommRecorder(), SavedTensors(parameters=False)
+    alive: dict[int, tuple] = {}
+    with recorder, meter:
+        for kind, i in _order(config, stage):
+            if kind == "F":
+                if first:
+                    x = torch.randint(0, config.vocab, (rows, config.seq))
+                else:
+                    x = torch.empty(size)
+                    dist.recv(x, group=group, group_src=stage - 1)
+                    x.requires_grad_()
+                y = model(x)
+                if last:
+                    targets = torch.zeros(rows * config.seq, dtype=torch.long)
+                    y = F.cross_entropy(y.flatten(0, 1), targets) / config.micro_batches
+                else:
+                    dist.send(y.detach(), group=group, group_dst=stage + 1)
+                alive[i] = (x, y)
+            else:
+                x, y = alive.pop(i)
+                model.set_requires_gradient_sync(i == config.micro_batches - 1, recurse=True)
+                if last:
+                    y.backward()
+                else:
+                    grad = torch.empty(size)
+                    dist.recv(grad, group=group, group_src=stage + 1)
+                    y.backward(grad)
+                if not first:
+                    dist.send(x.grad, group=group, group_dst=stage - 1)
+        held["grads"] = sum(_local(p.grad).nbytes for p in model.parameters())
+        optimizer.step()
+    held["activations"] = meter.peak
+    held["optimizer"] = sum(
+        _local(t).nbytes for s in optimizer.state.values() for t in s.values() if t.dim()
+    )
+    groups = {a: sorted(mesh[a].mesh.flatten().tolist()) for a in AXES}
+    traffic, calls = Counter(), Counter()
+    for record in recorder.records:
+        axis = next((a for a in AXES if groups[a] == sorted(record["group"])), "other")
+        key = f"{axis}.{record['op']}"
+        traffic[key] += record["bytes"] or record["received"]
+        calls[key] += 1
+    return {"stage": stage, "blocks": sorted(int(k) for k in model.blocks), "held": held,
+            "traffic": dict(traffic), "calls": dict(calls), "groups": groups}  # fmt: skip
