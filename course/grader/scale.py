@@ -101,8 +101,8 @@ def build(config: Config, mesh):
     plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
     for block in model.blocks.values():
         parallelize_module(block, mesh["tp"], plan)
-        fully_shard(block, mesh=mesh["dp"])
-    fully_shard(model, mesh=mesh["dp"])
+        fully_shard(block, mesh=mesh["dp"], reshard_after_forward=False)
+    fully_shard(model, mesh=mesh["dp"], reshard_after_forward=False)
     model.to_empty(device="cpu")
     for p in model.parameters():
         torch.nn.init.normal_(_local(p), std=0.02)
@@ -161,7 +161,9 @@ def count(config: Config) -> dict:
                 alive[i] = (x, y)
             else:
                 x, y = alive.pop(i)
-                model.set_requires_gradient_sync(i == config.micro_batches - 1, recurse=True)
+                end = i == config.micro_batches - 1  # reduce, and free the gathered weights, once
+                model.set_requires_gradient_sync(end, recurse=True)
+                model.set_reshard_after_backward(end, recurse=True)
                 if last:
                     y.backward()
                 else:
