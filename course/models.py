@@ -86,11 +86,12 @@ def count_parameters(model: nn.Module) -> int:
 class Block(nn.Module):
     """A residual MLP block, a transformer block without its attention: x + W2 gelu(W1 norm(x))."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, hidden: int = 0):
         super().__init__()
+        hidden = hidden or 4 * dim  # the MLP's width
         self.norm = nn.LayerNorm(dim)
-        self.up = nn.Linear(dim, 4 * dim)
-        self.down = nn.Linear(4 * dim, dim)
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
 
     def forward(self, x):
         return x + self.down(F.gelu(self.up(self.norm(x))))
@@ -150,10 +151,10 @@ class StagedLM(nn.Module):
     it has in the whole model ("blocks.3.up.weight"): the names a checkpoint is keyed by,
     so that one saved by stages loads into any other cut, or into one process."""
 
-    def __init__(self, vocab: int = 64, dim: int = 64, depth: int = 4):
+    def __init__(self, vocab: int = 64, dim: int = 64, depth: int = 4, hidden: int = 0):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleDict({str(i): Block(dim) for i in range(depth)})
+        self.blocks = nn.ModuleDict({str(i): Block(dim, hidden) for i in range(depth)})
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
         nn.init.normal_(self.embed.weight, std=0.02)

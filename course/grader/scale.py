@@ -49,6 +49,7 @@ class Config:
     batch: int = 0  # sequences a step, all data-parallel ranks together (0: 4 per dp rank)
     micro_batches: int = 1
     schedule: str = "1f1b"  # or "gpipe"
+    hidden: int = 0  # each block's MLP width (0: 4 x dim)
 
     @property
     def world(self) -> int:
@@ -90,7 +91,7 @@ def build(config: Config, mesh):
 
     stage, first = mesh["pp"].get_local_rank(), cuts(config.depth, config.pp)
     with torch.device("meta"):  # 1024 ranks' worth of weights is never allocated whole
-        model = models.StagedLM(config.vocab, config.dim, config.depth)
+        model = models.StagedLM(config.vocab, config.dim, config.depth, config.hidden)
     for key in list(model.blocks):
         if not first[stage] <= int(key) < first[stage + 1]:
             del model.blocks[key]
@@ -111,6 +112,18 @@ def build(config: Config, mesh):
 
 def _local(tensor):
     return getattr(tensor, "_local_tensor", tensor)
+
+
+def _enter(meter, block) -> None:
+    """Count what the block saves, not its weights: after FSDP's pre-forward hook (registered
+    first, so run first) its parameters are the gathered ones, whose local tensors (not
+    themselves Parameters under TP) autograd saves for the matmuls."""
+    meter.skip.update(_local(p).untyped_storage().data_ptr() for p in block.parameters())
+    meter.__enter__()
+
+
+def _call(method, *args) -> None:
+    method(*args)  # a hook that returns something replaces the module's input or output
 
 
 def _order(config: Config, stage: int) -> list[tuple[str, int]]:
@@ -142,8 +155,11 @@ def count(config: Config) -> dict:
     held = {"params": sum(_local(p).nbytes for p in model.parameters())}
     group, rows, size = mesh["pp"].get_group(), config.rows, (config.rows, config.seq, config.dim)
     recorder, meter = CommRecorder(), SavedTensors(parameters=False)
+    for block in model.blocks.values():  # the blocks' activations: what the pipeline multiplies
+        block.register_forward_pre_hook(lambda b, _: _enter(meter, b))
+        block.register_forward_hook(lambda *_: _call(meter.__exit__, None, None, None))
     alive: dict[int, tuple] = {}
-    with recorder, meter:
+    with recorder:
         for kind, i in _order(config, stage):
             if kind == "F":
                 if first:
