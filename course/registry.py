@@ -221,6 +221,18 @@ LESSONS: tuple[Lesson, ...] = (
         "DTensor, then sharded by FSDP2, the model cut into two pipeline stages; checked "
         "against a 1-D FSDP control, and a checkpoint of one shape resumed on another.",
     ),
+    Lesson(
+        number="15",
+        slug="15_planning",
+        title="Planning a run: memory, communication and time at scale",
+        level="advanced",
+        script="plan.py",
+        launcher="python",
+        summary="A cost model of lesson 14's composition for one rank of any mesh: bytes "
+        "held, bytes moved on each axis, and the step's time by the α-β model; checked "
+        "against the program itself at 64 to 1024 simulated ranks, then against this "
+        "machine's clock.",
+    ),
 )
 
 

@@ -42,6 +42,12 @@ def _random(name: str) -> random.Random:
     return random.Random(f"{grade_seed()}/{name}")
 
 
+def generator(name: str) -> random.Random:
+    """A random generator of its own for this seed and name: for a test that draws many
+    numbers (a hidden configuration's every size)."""
+    return _random(name)
+
+
 def draw(name: str, options: Sequence):
     """One of `options`, the same for a given seed and name in every process."""
     return _random(name).choice(list(options))

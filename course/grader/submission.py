@@ -33,6 +33,7 @@ def load(path: Path, *, requires: tuple[str, ...] = ()) -> ModuleType:
     name = f"course_lesson_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass in the lesson looks its module up there
     # The lesson's own folder first, as when the script is run directly.
     sys.path.insert(0, str(path.parent))
     try:

@@ -1,0 +1,69 @@
+"""Lesson 15's cost model, called in a child process (course/grader/cases.py).
+
+Run by tests/lessons/test_15_planning.py as `python lesson_15.py LESSON_FILE OUT_DIR`. The
+configurations are the grading seed's hidden ones (tests/lessons/cases/lesson_15_models.py):
+the grader names each counted rank's stage and data-parallel rank; the submission answers.
+
+Case `bytes`: held, activations and traffic for the counted ranks.
+Case `times`: step_time on hidden machines.
+Case `questions`: micro_batches_for, communication_bound and best_tp on hidden numbers.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import lesson_15_models as m  # noqa: E402
+
+from course.grader.cases import Cases  # noqa: E402
+
+cases = Cases()
+REQUIRES = ("held", "activations", "traffic", "step_time", "micro_batches_for",
+            "communication_bound", "best_tp", "Model", "Parallel", "Hardware")  # fmt: skip
+
+
+def _shapes(lesson, c):
+    model = lesson.Model(c.vocab, c.dim, c.depth, c.seq, c.hidden)
+    par = lesson.Parallel(c.pp, c.dp, c.tp, c.batch, c.micro_batches, c.schedule)
+    return model, par
+
+
+def _plain(d) -> dict:
+    return {str(k): (int(v) if isinstance(v, int) else float(v)) for k, v in dict(d).items()}
+
+
+@cases.case
+def bytes(lesson):  # noqa: A001 - the case's name
+    found = []
+    for c, rank in m.counted_configs():
+        model, par = _shapes(lesson, c)
+        stage, dp_rank = m.placed(c, rank)
+        found.append({"held": _plain(lesson.held(model, par, stage, dp_rank)),
+                      "activations": int(lesson.activations(model, par, stage)),
+                      "traffic": _plain(lesson.traffic(model, par, stage))})  # fmt: skip
+    return found
+
+
+@cases.case
+def times(lesson):
+    return [
+        _plain(lesson.step_time(*_shapes(lesson, c), lesson.Hardware(**hw)))
+        for c, hw in m.timed_configs()
+    ]
+
+
+@cases.case
+def questions(lesson):
+    q = m.questions()
+    (bound, hw1), (wide, hw2) = q["bound"], q["tp"]
+    return {
+        "pipelines": [lesson.micro_batches_for(pp, t) for pp, t in q["pipelines"]],
+        "bound": lesson.communication_bound(*_shapes(lesson, bound), lesson.Hardware(**hw1)),
+        "tp": lesson.best_tp(*_shapes(lesson, wide), lesson.Hardware(**hw2)),
+    }
+
+
+if __name__ == "__main__":
+    cases.run(requires=REQUIRES)
