@@ -78,7 +78,7 @@ def cuts(depth: int, stages: int) -> list[int]:
     return [depth * s // stages for s in range(stages + 1)]
 
 
-def build(config: Config, mesh):
+def build(config: Config, mesh, device: str = "cpu"):
     """This rank's stage of StagedLM, split over tp and sharded over dp, on the CPU."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import (
@@ -104,7 +104,7 @@ def build(config: Config, mesh):
         parallelize_module(block, mesh["tp"], plan)
         fully_shard(block, mesh=mesh["dp"], reshard_after_forward=False)
     fully_shard(model, mesh=mesh["dp"], reshard_after_forward=False)
-    model.to_empty(device="cpu")
+    model.to_empty(device=device)
     for p in model.parameters():
         torch.nn.init.normal_(_local(p), std=0.02)
     return model
@@ -138,6 +138,49 @@ def _order(config: Config, stage: int) -> list[tuple[str, int]]:
     return order + [("B", i) for i in range(m - warmup, m)]
 
 
+def step(config: Config, model, mesh) -> None:
+    """One step's forwards and backwards on this rank's stage (no optimizer step), in its
+    schedule's order: activations to the next stage and gradients to the previous one by
+    send and receive over the pp group."""
+    stage = mesh["pp"].get_local_rank()
+    first, last = stage == 0, stage == config.pp - 1
+    group, rows, size = mesh["pp"].get_group(), config.rows, (config.rows, config.seq, config.dim)
+    device = _local(next(model.parameters())).device
+    alive: dict[int, tuple] = {}
+    sent = []  # isend: gloo's blocking send of a large message waits for its receive, and
+    # 1F1B's stage 0 sends micro-batch 1 while stage 1 sends micro-batch 0's gradient back
+    for kind, i in _order(config, stage):
+        if kind == "F":
+            if first:
+                x = torch.randint(0, config.vocab, (rows, config.seq), device=device)
+            else:
+                x = torch.empty(size, device=device)
+                dist.recv(x, group=group, group_src=stage - 1)
+                x.requires_grad_()
+            y = model(x)
+            if last:
+                targets = torch.zeros(rows * config.seq, dtype=torch.long, device=device)
+                y = F.cross_entropy(y.flatten(0, 1), targets) / config.micro_batches
+            else:
+                sent.append(dist.isend(y.detach(), group=group, group_dst=stage + 1))
+            alive[i] = (x, y)
+        else:
+            x, y = alive.pop(i)
+            end = i == config.micro_batches - 1  # reduce, and free the gathered weights, once
+            model.set_requires_gradient_sync(end, recurse=True)
+            model.set_reshard_after_backward(end, recurse=True)
+            if last:
+                y.backward()
+            else:
+                grad = torch.empty(size, device=device)
+                dist.recv(grad, group=group, group_src=stage + 1)
+                y.backward(grad)
+            if not first:
+                sent.append(dist.isend(x.grad, group=group, group_dst=stage - 1))
+    for work in sent:
+        work.wait()
+
+
 def count(config: Config) -> dict:
     """One training step as this process's rank (inside fake_world): bytes held, and
     bytes sent by axis and kind."""
@@ -149,45 +192,15 @@ def count(config: Config) -> dict:
     shape = (config.pp, config.dp, config.tp)
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=AXES)
     stage = mesh["pp"].get_local_rank()
-    first, last = stage == 0, stage == config.pp - 1
     model = build(config, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     held = {"params": sum(_local(p).nbytes for p in model.parameters())}
-    group, rows, size = mesh["pp"].get_group(), config.rows, (config.rows, config.seq, config.dim)
     recorder, meter = CommRecorder(), SavedTensors(parameters=False)
     for block in model.blocks.values():  # the blocks' activations: what the pipeline multiplies
         block.register_forward_pre_hook(lambda b, _: _enter(meter, b))
         block.register_forward_hook(lambda *_: _call(meter.__exit__, None, None, None))
-    alive: dict[int, tuple] = {}
     with recorder:
-        for kind, i in _order(config, stage):
-            if kind == "F":
-                if first:
-                    x = torch.randint(0, config.vocab, (rows, config.seq))
-                else:
-                    x = torch.empty(size)
-                    dist.recv(x, group=group, group_src=stage - 1)
-                    x.requires_grad_()
-                y = model(x)
-                if last:
-                    targets = torch.zeros(rows * config.seq, dtype=torch.long)
-                    y = F.cross_entropy(y.flatten(0, 1), targets) / config.micro_batches
-                else:
-                    dist.send(y.detach(), group=group, group_dst=stage + 1)
-                alive[i] = (x, y)
-            else:
-                x, y = alive.pop(i)
-                end = i == config.micro_batches - 1  # reduce, and free the gathered weights, once
-                model.set_requires_gradient_sync(end, recurse=True)
-                model.set_reshard_after_backward(end, recurse=True)
-                if last:
-                    y.backward()
-                else:
-                    grad = torch.empty(size)
-                    dist.recv(grad, group=group, group_src=stage + 1)
-                    y.backward(grad)
-                if not first:
-                    dist.send(x.grad, group=group, group_dst=stage - 1)
+        step(config, model, mesh)
         held["grads"] = sum(_local(p.grad).nbytes for p in model.parameters())
         optimizer.step()
     held["activations"] = meter.peak
@@ -197,6 +210,8 @@ def count(config: Config) -> dict:
     groups = {a: sorted(mesh[a].mesh.flatten().tolist()) for a in AXES}
     traffic, calls = Counter(), Counter()
     for record in recorder.records:
+        if len(record["group"]) == 1:  # torch 2.8's TP all-reduces over a tp of 1: no bytes move
+            continue
         axis = next((a for a in AXES if groups[a] == sorted(record["group"])), "other")
         key = f"{axis}.{record['op']}"
         traffic[key] += record["bytes"] or record["received"]

@@ -1,0 +1,144 @@
+"""`python -m course plan --model M --gpus N --gpu G`: the meshes that fit, fastest first.
+
+Every number comes from a plan.py (lesson 15's cost model; the reference by default). A
+preset is a published model written as the course's block (an MLP block, course.models.
+StagedLM): its width is chosen so that a block holds the published block's weights, and
+so does its matmul FLOPs per token; attention's own activations and its seq² FLOPs are
+not modeled. Training is float32 with AdamW, as everywhere in the course.
+
+--check steps the chosen mesh once, as one rank of a fake world of that size
+(course/grader/scale.py), at a shorter sequence (--check-seq: the weights are full size;
+bytes that scale with tokens are predicted again for that sequence), and prints what was
+counted next to what plan.py predicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Preset:
+    vocab: int
+    dim: int
+    depth: int
+    seq: int
+    hidden: int  # the course block's width: the published block's weights / (2 dim)
+    batch: int  # sequences a step
+    source: str
+
+
+def _width(dim: int, kv_dim: int, ffn: int, gated: bool) -> int:
+    """Attention (q, o: dim x dim; k, v: dim x kv_dim) plus the MLP (3 or 2 matrices of
+    dim x ffn), as the width of a 2-matrix block of the same weights."""
+    weights = 2 * dim * dim + 2 * dim * kv_dim + (3 if gated else 2) * dim * ffn
+    return weights // (2 * dim)
+
+
+MODELS = {
+    "llama-8b": Preset(128256, 4096, 32, 8192, _width(4096, 1024, 14336, True), 512,
+                       "Llama 3.1 8B: Meta's config.json (meta-llama/Llama-3.1-8B) and the "
+                       "Llama 3 paper, arXiv:2407.21783, Table 3: 32 layers, dim 4096, FFN "
+                       "14336, 8 KV heads of 128, vocabulary 128256; 4M-token batches of 8192"),
+    "llama-70b": Preset(128256, 8192, 80, 8192, _width(8192, 1024, 28672, True), 512,
+                        "Llama 3.1 70B: arXiv:2407.21783, Table 3: 80 layers, dim 8192, FFN "
+                        "28672, 8 KV heads of 128, vocabulary 128256"),
+    "gpt3-175b": Preset(50257, 12288, 96, 2048, _width(12288, 12288, 4 * 12288, False), 1536,
+                        "GPT-3 175B: arXiv:2005.14165, Table 2.1: 96 layers, dim 12288, "
+                        "FFN 4 x dim, context 2048, batch 3.2M tokens"),
+    "course-14": Preset(64, 64, 4, 16, 256, 32, "lesson 14's StagedLM (course/models.py)"),
+}  # fmt: skip
+
+# Rated numbers, not measured here: NVIDIA's datasheets. flops: dense TF32 (float32 matmuls
+# with torch.backends.cuda.matmul.allow_tf32). intra: NVLink 4, 900 GB/s both ways = 450 one
+# way; inter: one 400 Gb/s NIC a GPU = 50 GB/s; latency: a stated 10 us a collective.
+GPUS = {
+    "h100-80gb": dict(memory=80 * GB, flops=494e12, gpus_per_node=8, intra=450 * GB,
+                      inter=50 * GB, latency=10e-6),
+    "h200-141gb": dict(memory=141 * GB, flops=494e12, gpus_per_node=8, intra=450 * GB,
+                       inter=50 * GB, latency=10e-6),
+    "a100-80gb": dict(memory=80 * GB, flops=156e12, gpus_per_node=8, intra=300 * GB,
+                      inter=25 * GB, latency=10e-6),
+}  # fmt: skip
+
+
+def powers(most: int) -> list[int]:
+    return [1 << k for k in range(most.bit_length()) if 1 << k <= most]
+
+
+def meshes(plan, model, gpus: int, batch: int, hw) -> list:
+    """Every (pp, dp, tp, micro-batches) with pp x dp x tp = gpus that plan.check accepts:
+    pp up to the depth, tp up to two nodes, micro-batches from pp (at least one in flight
+    per stage) to 8 pp."""
+    found = []
+    for tp in powers(min(gpus, 2 * hw.gpus_per_node)):
+        for pp in powers(min(gpus // tp, model.depth)):
+            dp = gpus // (tp * pp)
+            if dp * tp * pp != gpus:
+                continue
+            for m in sorted({1} | {pp * k for k in (1, 2, 4, 8)}) if pp > 1 else [1]:
+                if m < pp and pp > 1:
+                    continue
+                par = plan.Parallel(pp, dp, tp, batch, m, "1f1b")
+                try:
+                    plan.check(model, par, gpus)
+                except ValueError:
+                    continue
+                found.append(par)
+    return found
+
+
+def rank(plan, model, gpus: int, batch: int, hw) -> list[dict]:
+    """The meshes that fit, fastest first, each with its predicted terms and memory."""
+    rows = []
+    for par in meshes(plan, model, gpus, batch, hw):
+        held = plan.memory(model, par)
+        if held > hw.memory:
+            continue
+        rows.append({"par": par, "memory": held, **plan.step_time(model, par, hw)})
+    return sorted(rows, key=lambda r: (r["total"], r["par"].tp, r["par"].pp))
+
+
+def table(rows: list[dict], top: int) -> str:
+    head = (f"{'#':>2} {'pp':>3} {'dp':>5} {'tp':>3} {'m':>3} {'GB':>6} {'step s':>8} "
+            f"{'compute':>8} {'tp':>7} {'pp':>7} {'dp':>7} {'hidden':>7} {'bubble':>7}")  # fmt: skip
+    lines = [head]
+    for i, r in enumerate(rows[:top], 1):
+        p = r["par"]
+        lines.append(
+            f"{i:>2} {p.pp:>3} {p.dp:>5} {p.tp:>3} {p.micro_batches:>3} "
+            f"{r['memory'] / GB:>6.1f} {r['total']:>8.3f} {r['compute']:>8.3f} {r['tp']:>7.3f} "
+            f"{r['pp']:>7.3f} {r['dp']:>7.3f} {r['dp'] - r['exposed']:>7.3f} {r['bubble']:>7.3f}"
+        )
+    return "\n".join(lines)
+
+
+def check(plan, model, par, seq: int, rank_: int) -> str:
+    """Step `par` once as rank `rank_` of a fake world at sequence `seq`; predicted next to
+    counted, bytes, for that rank."""
+    import warnings
+
+    from course.grader.scale import Config, count, fake_world
+
+    warnings.filterwarnings("ignore")
+    short = plan.Model(model.vocab, model.dim, model.depth, seq, model.hidden)
+    config = Config(pp=par.pp, dp=par.dp, tp=par.tp, depth=model.depth, dim=model.dim,
+                    vocab=model.vocab, seq=seq, batch=par.batch,
+                    micro_batches=par.micro_batches, schedule=par.schedule,
+                    hidden=model.hidden)  # fmt: skip
+    with fake_world(par.world, rank_):
+        found = count(config)
+    stage, dp_rank = rank_ // (par.dp * par.tp), rank_ // par.tp % par.dp
+    said = plan.held(short, par, stage, dp_rank)
+    said["activations"] = plan.activations(short, par, stage)
+    said.update(plan.traffic(short, par, stage))
+    counted = {**found["held"], **found["traffic"]}
+    lines = [f"rank {rank_} (stage {stage}, dp rank {dp_rank}) of {par.world}, one step at "
+             f"sequence {seq}: bytes", f"  {'':<20} {'predicted':>16} {'counted':>16}"]  # fmt: skip
+    for key in sorted(set(said) | set(counted), key=lambda k: ("." in k, k)):
+        a, b = said.get(key, 0), counted.get(key, 0)
+        mark = "" if a == b else "   <- differs"
+        lines.append(f"  {key:<20} {a:>16,} {b:>16,}{mark}")
+    return "\n".join(lines)

@@ -1,0 +1,310 @@
+"""python -m course plan: lesson 15's cost model, against this machine or at scale.
+
+    python -m course plan --predict            # your plan.py's step times for 4 shapes here
+    python -m course plan --measure            # ... and each shape run here, with the ratio
+    python -m course plan --model llama-8b --gpus 256 --gpu h100-80gb     # meshes that fit
+    python -m course plan --model llama-8b --gpus 256 --gpu h100-80gb --check 1
+
+--predict and --measure use your file (lessons/15_planning/plan.py; --impl another
+folder) and this machine: its matmul rate, measured now with the ranks' share of its
+cores, and its `course bandwidth` record (--bandwidth FILE; measured now on 2 ranks when
+absent). The shapes are the composition lesson 14 builds: on one rank (as lesson 01
+trains), and laid out as lessons 03 (2
+data-parallel ranks), 10 (4 sharded ranks), 11 (2 pipeline stages by 2-way tensor
+parallel) and 14 (pp 2 x dp 2 x tp 2) lay theirs out. --measure runs each on gloo ranks
+(nccl, one rank a GPU, where GPUs are: a shape needing more is skipped, saying so) and
+prints the median step next to the prediction. --model plans with the reference
+(solutions/; --impl another folder) and the presets in course/tools/student/planner.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from course import REPO_ROOT
+
+KIND = "course-plan"
+SHAPES = {"01": (1, 1, 1, 1), "03": (1, 2, 1, 1), "10": (1, 4, 1, 1), "11": (2, 1, 2, 4), "14": (2, 2, 2, 4)}
+MODEL = dict(vocab=512, dim=192, depth=4, seq=64)  # every shape's model
+BATCH = 32  # sequences a step, all data-parallel ranks together
+
+
+def load(impl: Path):
+    path = Path(impl) / "15_planning" / "plan.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (--impl names the lessons' folder)")
+    spec = importlib.util.spec_from_file_location("student_plan", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _unwritten(path: Path, err: NotImplementedError) -> ValueError:
+    return ValueError(f"{path}: a TODO is not written yet ({err or 'NotImplementedError'}); "
+                      "finish it, or pass --impl solutions")  # fmt: skip
+
+
+def matmul_rate(device: str, threads: int) -> float:
+    """FLOP/s of one rank's float32 matmuls the size of the shapes' MLP, here."""
+    import torch
+
+    torch.set_num_threads(threads)
+    tokens = BATCH * MODEL["seq"] // 2
+    a = torch.randn(tokens, MODEL["dim"], device=device)
+    b = torch.randn(MODEL["dim"], 4 * MODEL["dim"], device=device)
+    times = []
+    for i in range(8):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        tic = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - tic) if i >= 2 else None
+    return 10 * 2 * a.shape[0] * a.shape[1] * b.shape[1] / statistics.median(times)
+
+
+def link(record: dict | None) -> tuple[float, float]:
+    """(latency s, bus bandwidth B/s) from a `course bandwidth` record: its smallest
+    message's time, and its best bus bandwidth."""
+    if record is None:
+        return 0.0, float("inf")
+    rows = sorted(record["rows"], key=lambda r: r["bytes"])
+    return rows[0]["time_us"] * 1e-6, max(r["busbw_gb_s"] for r in rows) * 1e9
+
+
+def _bandwidth(path: str | None, backend: str, gpus: int) -> tuple[dict | None, str]:
+    if path:
+        return json.loads(Path(path).read_text()), path
+    if backend == "nccl" and gpus < 2:
+        return None, "none (one GPU: nothing to measure; no shape here communicates)"
+    from course.tools.student import bandwidth
+
+    rows = bandwidth.measure(backend, 2, [4096, 1 << 22], 2, 5)
+    return {"rows": rows}, "measured now on 2 ranks (4 KiB and 4 MiB)"
+
+
+def machine(plan, backend: str, gpus: int, record: dict | None, world: int):
+    """This machine as plan.Hardware, for a shape of `world` ranks."""
+    from course import ranks
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    share = ranks.cpu_share(world) if backend == "gloo" else 1
+    flops = matmul_rate("cuda" if backend == "nccl" else "cpu", share)
+    if backend == "gloo":
+        flops *= min(1.0, cores / (world * share))  # ranks that share cores share their rate
+    latency, busbw = link(record)
+    return plan.Hardware(memory=float("inf"), flops=flops, efficiency=1.0,
+                         gpus_per_node=max(world, 1), intra=busbw, inter=busbw,
+                         latency=latency)  # fmt: skip
+
+
+def _timed_rank(rank, world, backend, port, shape, steps, out) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from course import ranks
+    from course.grader.scale import Config, build, step
+
+    device = ranks.join_local(rank, world, backend, port)
+    torch.set_num_threads(ranks.cpu_share(world))
+    pp, dp, tp, m = shape
+    config = Config(pp=pp, dp=dp, tp=tp, batch=BATCH, micro_batches=m, **MODEL)
+    try:
+        mesh = init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        model = build(config, mesh, device.type)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        times = []
+        for i in range(steps + 2):  # 2 warm-up steps
+            dist.barrier()
+            tic = time.perf_counter()
+            step(config, model, mesh)
+            optimizer.step()
+            optimizer.zero_grad()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - tic)
+        slowest = [None] * world
+        dist.all_gather_object(slowest, statistics.median(times[2:]))
+        if rank == 0:
+            Path(out).write_text(json.dumps(max(slowest)))
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(backend: str, shape, steps: int, out: str) -> None:
+    import torch.multiprocessing as mp
+
+    from course import ranks
+
+    world = shape[0] * shape[1] * shape[2]
+    args = (world, backend, ranks.free_port(), shape, steps, out)
+    mp.start_processes(_timed_rank, args=args, nprocs=world, start_method="spawn")
+
+
+def measure(backend: str, shape, steps: int, timeout: float = 300) -> float:
+    """The shape's median step (the slowest rank's), in seconds: its ranks spawned from a
+    child of this process, under a deadline that kills them all."""
+    from course import launch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "seconds.json"
+        code = (f"from course.tools.student.planning import _spawn; "
+                f"_spawn({backend!r}, {tuple(shape)!r}, {steps}, {str(out)!r})")  # fmt: skip
+        result = launch.run([sys.executable, "-c", code], timeout=timeout, cwd=tmp)
+        if out.exists():  # written before the group is torn down: that is all that counts
+            return json.loads(out.read_text())
+        raise ValueError(f"timing pp {shape[0]}, dp {shape[1]}, tp {shape[2]} failed: "
+                         + result.describe(lines=1).splitlines()[0])  # fmt: skip
+
+
+def parser():
+    from course import registry
+    from course.options import ArgumentParser, positive_int
+
+    p = ArgumentParser(prog="python -m course plan", description=__doc__.splitlines()[0])
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--predict", action="store_true", help="predicted step times here")
+    what.add_argument("--measure", action="store_true", help="... and measured, with ratios")
+    what.add_argument("--model", help="plan a preset: " + ", ".join(_presets()))
+    p.add_argument("--impl", type=registry.impl_argument,
+                   help="the folder of plan.py (default: lessons; solutions with --model)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl if CUDA works")
+    p.add_argument("--bandwidth", help="a `course bandwidth` record (default: measure now)")
+    p.add_argument("--steps", type=positive_int, default=5, help="timed steps a shape")
+    p.add_argument("--gpus", type=positive_int, default=256)
+    p.add_argument("--gpu", default="h100-80gb", help="one of: " + ", ".join(_gpus()))
+    p.add_argument("--efficiency", type=float, default=0.4, help="of peak FLOP/s (--model)")
+    p.add_argument("--batch", type=positive_int, help="sequences a step (default: preset's)")
+    p.add_argument("--top", type=positive_int, default=10)
+    p.add_argument("--check", type=positive_int, metavar="N",
+                   help="step row N once as one rank of a fake world, predicted vs counted")
+    p.add_argument("--check-seq", type=positive_int, default=16)
+    p.add_argument("--rank", type=int, default=0, help="the rank --check counts")
+    p.add_argument("--out", help="write the JSON record here (--predict, --measure)")
+    return p
+
+
+def _presets() -> list[str]:
+    from course.tools.student.planner import MODELS
+
+    return list(MODELS)
+
+
+def _gpus() -> list[str]:
+    from course.tools.student.planner import GPUS
+
+    return list(GPUS)
+
+
+def provenance(argv: list[str], backend: str, bandwidth_from: str) -> dict:
+    from course.tools.student.bandwidth import provenance as bandwidth_provenance
+
+    info = bandwidth_provenance([], backend, 1)
+    info["command"] = "python -m course plan " + " ".join(argv)
+    info["bandwidth"] = bandwidth_from
+    del info["ranks"]
+    return info
+
+
+def predict_here(plan, args, argv) -> dict:
+    """Each shape's prediction on this machine (and its measurement, with --measure)."""
+    from course import ranks
+
+    backend, gpus = ranks.backend_and_world_size(args.backend, None)
+    gpus = gpus if backend == "nccl" else 0
+    record, source = _bandwidth(args.bandwidth, backend, gpus)
+    rows = []
+    for lesson, shape in SHAPES.items():
+        pp, dp, tp, m = shape
+        model = plan.Model(MODEL["vocab"], MODEL["dim"], MODEL["depth"], MODEL["seq"])
+        par = plan.Parallel(pp, dp, tp, BATCH, m, "1f1b")
+        row = {"lesson": lesson, "shape": list(shape), "world": par.world}
+        if backend == "nccl" and par.world > gpus:
+            row["skipped"] = f"needs {par.world} GPUs; this machine has {gpus}"
+            rows.append(row)
+            continue
+        hw = machine(plan, backend, gpus, record, par.world)
+        row["flops"] = hw.flops
+        row["predicted"] = {k: float(v) for k, v in plan.step_time(model, par, hw).items()}
+        if args.measure:
+            row["measured"] = measure(backend, shape, args.steps)
+            row["ratio"] = row["measured"] / row["predicted"]["total"]
+        rows.append(row)
+        print(_line(row), flush=True)
+    return {"kind": KIND, "model": MODEL, "batch": BATCH, "rows": rows,
+            "provenance": provenance(argv, backend, source)}  # fmt: skip
+
+
+def _line(row: dict) -> str:
+    shape = "pp {}, dp {}, tp {}, m {}".format(*row["shape"])
+    head = f"lesson {row['lesson']}  ({shape}, {row['world']} ranks)"
+    if "skipped" in row:
+        return f"{head:<44} skipped: {row['skipped']}"
+    p = row["predicted"]
+    text = (f"{head:<44} predicted {p['total'] * 1e3:8.1f} ms (compute {p['compute'] * 1e3:.1f}, "
+            f"tp {p['tp'] * 1e3:.1f}, pp {p['pp'] * 1e3:.1f}, dp {p['dp'] * 1e3:.1f} of which "
+            f"hidden {(p['dp'] - p['exposed']) * 1e3:.1f}, bubble {p['bubble'] * 1e3:.1f})")  # fmt: skip
+    if "measured" in row:
+        text += f"\n{'':<44} measured  {row['measured'] * 1e3:8.1f} ms: {row['ratio']:.2f}x"
+    return text
+
+
+def plan_at_scale(plan, args) -> None:
+    from course.tools.student import planner
+
+    if args.model not in planner.MODELS:
+        raise ValueError(f"--model {args.model}: not a preset (one of: "
+                         + ", ".join(planner.MODELS) + ")")
+    if args.gpu not in planner.GPUS:
+        raise ValueError(f"--gpu {args.gpu}: not a preset (one of: {', '.join(planner.GPUS)})")
+    preset = planner.MODELS[args.model]
+    model = plan.Model(preset.vocab, preset.dim, preset.depth, preset.seq, preset.hidden)
+    hw = plan.Hardware(efficiency=args.efficiency, **planner.GPUS[args.gpu])
+    batch = args.batch or preset.batch
+    rows = planner.rank(plan, model, args.gpus, batch, hw)
+    print(f"{args.model} ({preset.source})\non {args.gpus} x {args.gpu}, {batch} sequences of "
+          f"{preset.seq} a step, float32 + AdamW, {args.efficiency:.0%} of peak FLOP/s")
+    if not rows:
+        raise ValueError(f"no mesh of {args.gpus} GPUs fits {args.model} in "
+                         f"{hw.memory / planner.GB:.0f} GB a GPU")  # fmt: skip
+    print(f"{len(rows)} meshes fit; the {min(args.top, len(rows))} fastest (seconds a step; "
+          "GB: the fullest rank):")
+    print(planner.table(rows, args.top))
+    if args.check:
+        if args.check > len(rows):
+            raise ValueError(f"--check {args.check}: only {len(rows)} meshes fit")
+        par = rows[args.check - 1]["par"]
+        if not 0 <= args.rank < par.world:
+            raise ValueError(f"--rank {args.rank}: not a rank of {par.world}")
+        print(planner.check(plan, model, par, args.check_seq, args.rank))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    impl = args.impl or REPO_ROOT / ("solutions" if args.model else "lessons")
+    plan = load(impl)
+    try:
+        if args.model:
+            plan_at_scale(plan, args)
+            return 0
+        doc = predict_here(plan, args, argv)
+    except NotImplementedError as err:
+        raise _unwritten(Path(impl) / "15_planning" / "plan.py", err) from None
+    if args.out:
+        from course import atomic
+
+        atomic.write_json(doc, args.out, indent=1)
+        print(f"wrote {args.out}")
+    return 0
