@@ -49,6 +49,8 @@ and it is left alone inside a fenced code block:
 ``<!-- compositions: docs/results/FOLDER/FILE.json curves|axes -->``
     A ``python -m course compositions`` record: lesson 14's meshes' loss curves against the
     1-D FSDP control, or the collectives of one step by mesh axis.
+``<!-- plan: docs/results/FOLDER/FILE.json -->``
+    A ``python -m course plan --measure`` record: lesson 15's predicted and measured steps.
 ``<!-- bench-plot: docs/results/FOLDER -->``
     The plot of every ``course bench`` record in that folder (or of one record:
     a FILE.json path), drawn at build time. Inline, ``[[bench:FOLDER/FILE:KEY.FIELD]]``
@@ -78,6 +80,7 @@ from directives.grading import render_grading  # noqa: E402
 from directives.hints import render_hints, render_lesson_card, render_lessons_table  # noqa: E402
 from directives.lesson_figures import (  # noqa: E402
     render_compositions,
+    render_plan,
     render_schedules,
     render_zero_stages,
 )
@@ -125,6 +128,7 @@ DIRECTIVES = {
     "zero-stages": ((1,), render_zero_stages, False),
     "schedules": ((2,), render_schedules, False),
     "compositions": ((2,), render_compositions, False),
+    "plan": ((1,), render_plan, False),
     "timeline": ((1,), render_timeline, False),
     "tolerances": ((1,), render_tolerances, False),
 }

@@ -43,13 +43,14 @@ MADE_BY = {  # a record's `kind` -> the course verb that writes it
     "course-timeline": "timeline",
     "course-schedules": "schedules",
     "course-compositions": "compositions",
+    "course-plan": "plan",
     "course-record": "record",
     "course-grading-cost": "grading-cost",
     "course-tolerances": "tolerances",
 }
 
 
-CPU_TIMINGS = {"bandwidth", "timeline", "grading-cost", "schedules"}
+CPU_TIMINGS = {"bandwidth", "timeline", "grading-cost", "schedules", "plan"}
 
 
 class UnknownFigure(ValueError):

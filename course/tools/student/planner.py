@@ -109,8 +109,8 @@ def table(rows: list[dict], top: int) -> str:
         p = r["par"]
         lines.append(
             f"{i:>2} {p.pp:>3} {p.dp:>5} {p.tp:>3} {p.micro_batches:>3} "
-            f"{r['memory'] / GB:>6.1f} {r['total']:>8.3f} {r['compute']:>8.3f} {r['tp']:>7.3f} "
-            f"{r['pp']:>7.3f} {r['dp']:>7.3f} {r['dp'] - r['exposed']:>7.3f} {r['bubble']:>7.3f}"
+            f"{r['memory'] / GB:>6.1f} {r['total']:>8.3g} {r['compute']:>8.3g} {r['tp']:>7.3g} "
+            f"{r['pp']:>7.3g} {r['dp']:>7.3g} {r['dp'] - r['exposed']:>7.3g} {r['bubble']:>7.3g}"
         )
     return "\n".join(lines)
 

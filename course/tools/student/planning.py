@@ -134,10 +134,12 @@ def _timed_rank(rank, world, backend, port, shape, steps, out) -> None:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - tic)
-        slowest = [None] * world
-        dist.all_gather_object(slowest, statistics.median(times[2:]))
-        if rank == 0:
-            Path(out).write_text(json.dumps(max(slowest)))
+        every = [None] * world
+        dist.all_gather_object(every, times[2:])
+        if rank == 0:  # a step ends when its slowest rank's does
+            steps_ = [max(t) for t in zip(*every, strict=True)]
+            Path(out).write_text(json.dumps([statistics.median(steps_), min(steps_),
+                                             max(steps_)]))  # fmt: skip
     finally:
         dist.destroy_process_group()
 
@@ -152,9 +154,10 @@ def _spawn(backend: str, shape, steps: int, out: str) -> None:
     mp.start_processes(_timed_rank, args=args, nprocs=world, start_method="spawn")
 
 
-def measure(backend: str, shape, steps: int, timeout: float = 300) -> float:
-    """The shape's median step (the slowest rank's), in seconds: its ranks spawned from a
-    child of this process, under a deadline that kills them all."""
+def measure(backend: str, shape, steps: int, timeout: float = 300) -> list[float]:
+    """The shape's step, in seconds: [median, fastest, slowest] over the timed steps (each
+    step's slowest rank); its ranks spawned from a child of this process, under a deadline
+    that kills them all."""
     from course import launch
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -193,6 +196,28 @@ def parser():
     p.add_argument("--rank", type=int, default=0, help="the rank --check counts")
     p.add_argument("--out", help="write the JSON record here (--predict, --measure)")
     return p
+
+
+def render_markdown(doc: dict) -> str:
+    """The record as the page's table: each shape's predicted terms, measured step and
+    ratio (milliseconds)."""
+    head = ("| lesson | mesh (pp, dp, tp), m | ranks | predicted | compute | tp + pp | dp "
+            "exposed | bubble | measured (min-max) | measured / predicted |")  # fmt: skip
+    lines = [head, "|" + "---|" * 10]
+    for r in doc["rows"]:
+        mesh = "({}, {}, {}), {}".format(*r["shape"])
+        if "skipped" in r:
+            lines.append(f"| {r['lesson']} | {mesh} | {r['world']} | skipped: {r['skipped']} "
+                         "| | | | | | |")  # fmt: skip
+            continue
+        p = {k: v * 1e3 for k, v in r["predicted"].items()}
+        measured = (f"{r['measured'] * 1e3:.1f} ({r['fastest'] * 1e3:.1f}-"
+                    f"{r['slowest'] * 1e3:.1f})" if "measured" in r else "")  # fmt: skip
+        ratio = f"{r['ratio']:.2f}x" if "ratio" in r else ""
+        lines.append(f"| {r['lesson']} | {mesh} | {r['world']} | {p['total']:.1f} | "
+                     f"{p['compute']:.1f} | {p['tp'] + p['pp']:.1f} | {p['exposed']:.1f} | "
+                     f"{p['bubble']:.1f} | {measured} | {ratio} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def _presets() -> list[str]:
@@ -238,7 +263,7 @@ def predict_here(plan, args, argv) -> dict:
         row["flops"] = hw.flops
         row["predicted"] = {k: float(v) for k, v in plan.step_time(model, par, hw).items()}
         if args.measure:
-            row["measured"] = measure(backend, shape, args.steps)
+            row["measured"], row["fastest"], row["slowest"] = measure(backend, shape, args.steps)
             row["ratio"] = row["measured"] / row["predicted"]["total"]
         rows.append(row)
         print(_line(row), flush=True)
@@ -256,7 +281,8 @@ def _line(row: dict) -> str:
             f"tp {p['tp'] * 1e3:.1f}, pp {p['pp'] * 1e3:.1f}, dp {p['dp'] * 1e3:.1f} of which "
             f"hidden {(p['dp'] - p['exposed']) * 1e3:.1f}, bubble {p['bubble'] * 1e3:.1f})")  # fmt: skip
     if "measured" in row:
-        text += f"\n{'':<44} measured  {row['measured'] * 1e3:8.1f} ms: {row['ratio']:.2f}x"
+        text += (f"\n{'':<44} measured  {row['measured'] * 1e3:8.1f} ms (median; "
+                 f"{row['fastest'] * 1e3:.1f}-{row['slowest'] * 1e3:.1f}): {row['ratio']:.2f}x")  # fmt: skip
     return text
 
 

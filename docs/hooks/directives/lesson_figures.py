@@ -44,6 +44,30 @@ def _measured(tool, directive: str, path: str, which: str, root: Path) -> str:
     )
 
 
+def render_plan(path: str, root: Path = ROOT) -> str:
+    """Lesson 15's predicted and measured step times (`python -m course plan --measure`)."""
+    import json
+
+    from course.tools.student import planning
+
+    if not (root / path).is_file():
+        raise PluginError(f"plan: no such file {path!r}")
+    known_figure(root / path, root)
+    doc = json.loads((root / path).read_text())
+    prov = doc["provenance"]
+    where = prov["device"] if prov["device"] == "CPU" else f"1 × {prov['device']}"
+    return (
+        f"{planning.render_markdown(doc)}\n\n"
+        f'??? course-provenance "Measured {prov["date"][:10]} · PyTorch '
+        f'{prov["torch"].split("+")[0]} · {where}"\n\n'
+        f"    On {where} ({prov['cpus']} cores), PyTorch {prov['torch']}"
+        + (f", CUDA {prov['cuda']}, NCCL {prov['nccl']}" if prov.get("nccl") else "")
+        + f", by `{prov['command']}`; bandwidth: {prov['bandwidth']}; record: `{path}`. "
+        "Milliseconds a step; the model: vocabulary 512, dim 192, 4 blocks, 32 sequences "
+        "of 64 a step.\n"
+    )
+
+
 def render_zero_stages(name: str) -> str:
     """Lesson 10's figure of the ZeRO stages, from a `course memory` recording."""
     doc = read_record(name)
