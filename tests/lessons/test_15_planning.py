@@ -93,8 +93,7 @@ def test_held_bytes_equal_the_programs(impl, tmp_path_factory):
                 cause = (f" Likely cause: a full padded shard on dp rank {dp_rank}; the last "
                          "ranks hold fewer rows, or none.")  # fmt: skip
             raise AssertionError(
-                f"{term}: expected {want:,} bytes (counted), got {seen} at {_where(item)}."
-                + cause
+                f"{term}: expected {want:,} bytes (counted), got {seen} at {_where(item)}." + cause
             )
 
 
@@ -106,16 +105,17 @@ def test_activations_equal_the_programs(impl, tmp_path_factory):
         want, seen = item["held"]["activations"], got["activations"]
         if seen == want:
             continue
-        one = m.activations(m.Config(**{**item["config"], "micro_batches": 1,
-                                        "batch": c.batch // c.micro_batches}), item["stage"])
+        one = m.activations(
+            m.Config(**{**item["config"], "micro_batches": 1, "batch": c.batch // c.micro_batches}),
+            item["stage"],
+        )
         cause = ""
         if one and isinstance(seen, int) and seen % one == 0:
             held = seen // one
             cause = (f" Likely cause: {held} micro-batch(es) in flight; the counted step "
                      f"held {want // one} at its high-water mark.")  # fmt: skip
         raise AssertionError(
-            f"activations: expected {want:,} bytes (counted), got {seen} at {_where(item)}."
-            + cause
+            f"activations: expected {want:,} bytes (counted), got {seen} at {_where(item)}." + cause
         )
 
 
@@ -130,14 +130,12 @@ def test_traffic_equals_the_programs(impl, tmp_path_factory):
         off = sorted(k for k in set(want) | set(seen) if want.get(k) != seen.get(k))
         lines = [f"  {k}: expected {want.get(k, 0):,}, got {seen.get(k, 0):,}" for k in off]
         cause = ""
-        if seen.get("dp.all_gather") == want.get("dp.reduce_scatter") != want.get(
-            "dp.all_gather"
-        ):
-            cause = ("\nLikely cause: all-gather counted as the reduce-scatter is: a gather "
-                     "sends the rank's shard, a reduce-scatter takes the whole unit in.")  # fmt: skip
+        if seen.get("dp.all_gather") == want.get("dp.reduce_scatter") != want.get("dp.all_gather"):
+            cause = ("\nLikely cause: all-gather counted as the reduce-scatter is: a "
+                     "gather sends the rank's shard, a reduce-scatter takes the whole unit "
+                     "in.")  # fmt: skip
         raise AssertionError(
-            f"bytes moved in one step at {_where(item)}, by axis.kind:\n" + "\n".join(lines)
-            + cause
+            f"bytes moved in one step at {_where(item)}, by axis.kind:\n" + "\n".join(lines) + cause
         )
 
 

@@ -43,8 +43,7 @@ MUTANTS = [
     ),
     dict(
         name="data_parallel_not_overlapped",
-        why="every second of data-parallel traffic added to the step, none hidden behind "
-        "compute",
+        why="every second of data-parallel traffic added to the step, none hidden behind compute",
         old='                      "exposed": max(0.0, dp - compute), "bubble": busy * (par.pp - 1) '
         "/ m,\n",
         new='                      "exposed": dp, "bubble": busy * (par.pp - 1) / m,\n',

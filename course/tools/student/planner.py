@@ -103,7 +103,8 @@ def rank(plan, model, gpus: int, batch: int, hw) -> list[dict]:
 
 def table(rows: list[dict], top: int) -> str:
     head = (f"{'#':>2} {'pp':>3} {'dp':>5} {'tp':>3} {'m':>3} {'GB':>6} {'step s':>8} "
-            f"{'compute':>8} {'tp':>7} {'pp':>7} {'dp':>7} {'hidden':>7} {'bubble':>7}")  # fmt: skip
+            f"{'compute':>8} {'tp':>7} {'pp':>7} {'dp':>7} {'hidden':>7} "
+            f"{'bubble':>7}")  # fmt: skip
     lines = [head]
     for i, r in enumerate(rows[:top], 1):
         p = r["par"]

@@ -31,7 +31,13 @@ from pathlib import Path
 from course import REPO_ROOT
 
 KIND = "course-plan"
-SHAPES = {"01": (1, 1, 1, 1), "03": (1, 2, 1, 1), "10": (1, 4, 1, 1), "11": (2, 1, 2, 4), "14": (2, 2, 2, 4)}
+SHAPES = {
+    "01": (1, 1, 1, 1),
+    "03": (1, 2, 1, 1),
+    "10": (1, 4, 1, 1),
+    "11": (2, 1, 2, 4),
+    "14": (2, 2, 2, 4),
+}  # (pp, dp, tp, micro-batches) by the lesson whose layout it is
 MODEL = dict(vocab=512, dim=192, depth=4, seq=64)  # every shape's model
 BATCH = 32  # sequences a step, all data-parallel ranks together
 
@@ -125,7 +131,7 @@ def _timed_rank(rank, world, backend, port, shape, steps, out) -> None:
         model = build(config, mesh, device.type)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         times = []
-        for i in range(steps + 2):  # 2 warm-up steps
+        for _ in range(steps + 2):  # 2 warm-up steps
             dist.barrier()
             tic = time.perf_counter()
             step(config, model, mesh)
@@ -180,8 +186,11 @@ def parser():
     what.add_argument("--predict", action="store_true", help="predicted step times here")
     what.add_argument("--measure", action="store_true", help="... and measured, with ratios")
     what.add_argument("--model", help="plan a preset: " + ", ".join(_presets()))
-    p.add_argument("--impl", type=registry.impl_argument,
-                   help="the folder of plan.py (default: lessons; solutions with --model)")
+    p.add_argument(
+        "--impl",
+        type=registry.impl_argument,
+        help="the folder of plan.py (default: lessons; solutions with --model)",
+    )
     p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl if CUDA works")
     p.add_argument("--bandwidth", help="a `course bandwidth` record (default: measure now)")
     p.add_argument("--steps", type=positive_int, default=5, help="timed steps a shape")
@@ -190,8 +199,12 @@ def parser():
     p.add_argument("--efficiency", type=float, default=0.4, help="of peak FLOP/s (--model)")
     p.add_argument("--batch", type=positive_int, help="sequences a step (default: preset's)")
     p.add_argument("--top", type=positive_int, default=10)
-    p.add_argument("--check", type=positive_int, metavar="N",
-                   help="step row N once as one rank of a fake world, predicted vs counted")
+    p.add_argument(
+        "--check",
+        type=positive_int,
+        metavar="N",
+        help="step row N once as one rank of a fake world, predicted vs counted",
+    )
     p.add_argument("--check-seq", type=positive_int, default=16)
     p.add_argument("--rank", type=int, default=0, help="the rank --check counts")
     p.add_argument("--out", help="write the JSON record here (--predict, --measure)")
@@ -277,12 +290,14 @@ def _line(row: dict) -> str:
     if "skipped" in row:
         return f"{head:<44} skipped: {row['skipped']}"
     p = row["predicted"]
-    text = (f"{head:<44} predicted {p['total'] * 1e3:8.1f} ms (compute {p['compute'] * 1e3:.1f}, "
-            f"tp {p['tp'] * 1e3:.1f}, pp {p['pp'] * 1e3:.1f}, dp {p['dp'] * 1e3:.1f} of which "
-            f"hidden {(p['dp'] - p['exposed']) * 1e3:.1f}, bubble {p['bubble'] * 1e3:.1f})")  # fmt: skip
+    ms = {k: v * 1e3 for k, v in p.items()}
+    text = (f"{head:<44} predicted {ms['total']:8.1f} ms (compute {ms['compute']:.1f}, "
+            f"tp {ms['tp']:.1f}, pp {ms['pp']:.1f}, dp {ms['dp']:.1f} of which hidden "
+            f"{ms['dp'] - ms['exposed']:.1f}, bubble {ms['bubble']:.1f})")  # fmt: skip
     if "measured" in row:
+        low, high = row["fastest"] * 1e3, row["slowest"] * 1e3
         text += (f"\n{'':<44} measured  {row['measured'] * 1e3:8.1f} ms (median; "
-                 f"{row['fastest'] * 1e3:.1f}-{row['slowest'] * 1e3:.1f}): {row['ratio']:.2f}x")  # fmt: skip
+                 f"{low:.1f}-{high:.1f}): {row['ratio']:.2f}x")  # fmt: skip
     return text
 
 
@@ -290,8 +305,9 @@ def plan_at_scale(plan, args) -> None:
     from course.tools.student import planner
 
     if args.model not in planner.MODELS:
-        raise ValueError(f"--model {args.model}: not a preset (one of: "
-                         + ", ".join(planner.MODELS) + ")")
+        raise ValueError(
+            f"--model {args.model}: not a preset (one of: " + ", ".join(planner.MODELS) + ")"
+        )
     if args.gpu not in planner.GPUS:
         raise ValueError(f"--gpu {args.gpu}: not a preset (one of: {', '.join(planner.GPUS)})")
     preset = planner.MODELS[args.model]
@@ -299,13 +315,17 @@ def plan_at_scale(plan, args) -> None:
     hw = plan.Hardware(efficiency=args.efficiency, **planner.GPUS[args.gpu])
     batch = args.batch or preset.batch
     rows = planner.rank(plan, model, args.gpus, batch, hw)
-    print(f"{args.model} ({preset.source})\non {args.gpus} x {args.gpu}, {batch} sequences of "
-          f"{preset.seq} a step, float32 + AdamW, {args.efficiency:.0%} of peak FLOP/s")
+    print(
+        f"{args.model} ({preset.source})\non {args.gpus} x {args.gpu}, {batch} sequences of "
+        f"{preset.seq} a step, float32 + AdamW, {args.efficiency:.0%} of peak FLOP/s"
+    )
     if not rows:
         raise ValueError(f"no mesh of {args.gpus} GPUs fits {args.model} in "
                          f"{hw.memory / planner.GB:.0f} GB a GPU")  # fmt: skip
-    print(f"{len(rows)} meshes fit; the {min(args.top, len(rows))} fastest (seconds a step; "
-          "GB: the fullest rank):")
+    print(
+        f"{len(rows)} meshes fit; the {min(args.top, len(rows))} fastest (seconds a step; "
+        "GB: the fullest rank):"
+    )
     print(planner.table(rows, args.top))
     if args.check:
         if args.check > len(rows):

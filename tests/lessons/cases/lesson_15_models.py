@@ -171,28 +171,76 @@ def counted_configs() -> list[tuple[Config, int]]:
     found = []
     dp = r.choice([32, 64])
     m = r.choice([2, 4, 8])
-    found.append((Config(pp=4, dp=dp, tp=1024 // (4 * dp), depth=r.choice([5, 6, 7, 9]),
-                         dim=r.choice([32, 48, 64]), vocab=r.randrange(200, 600),
-                         seq=r.choice([8, 16]), micro_batches=m, batch=dp * m,
-                         schedule=r.choice(["gpipe", "1f1b"])), r.randrange(1024)))
+    found.append(
+        (
+            Config(
+                pp=4,
+                dp=dp,
+                tp=1024 // (4 * dp),
+                depth=r.choice([5, 6, 7, 9]),
+                dim=r.choice([32, 48, 64]),
+                vocab=r.randrange(200, 600),
+                seq=r.choice([8, 16]),
+                micro_batches=m,
+                batch=dp * m,
+                schedule=r.choice(["gpipe", "1f1b"]),
+            ),
+            r.randrange(1024),
+        )
+    )
     dp = r.choice([64, 128])
     tp = 256 // (2 * dp)
-    config = Config(pp=2, dp=dp, tp=tp, depth=r.choice([3, 5]), dim=r.choice([24, 40]),
-                    vocab=r.randrange(101, 400, 2), seq=8, micro_batches=2, batch=2 * dp,
-                    schedule=r.choice(["gpipe", "1f1b"]))
+    config = Config(
+        pp=2,
+        dp=dp,
+        tp=tp,
+        depth=r.choice([3, 5]),
+        dim=r.choice([24, 40]),
+        vocab=r.randrange(101, 400, 2),
+        seq=8,
+        micro_batches=2,
+        batch=2 * dp,
+        schedule=r.choice(["gpipe", "1f1b"]),
+    )
     last = (dp - 1) * tp + r.randrange(tp) + r.randrange(2) * dp * tp  # the last dp rank
     found.append((config, last))
     dp = r.choice([16, 32, 64])
     tp = 64 // dp
-    found.append((Config(pp=1, dp=dp, tp=tp, depth=r.choice([2, 3]), dim=r.choice([32, 48]),
-                         vocab=r.randrange(60, 200), seq=r.choice([4, 8]),
-                         batch=dp * r.choice([1, 2]), hidden=r.choice([0, 40 * tp])),
-                  r.randrange(64)))
+    found.append(
+        (
+            Config(
+                pp=1,
+                dp=dp,
+                tp=tp,
+                depth=r.choice([2, 3]),
+                dim=r.choice([32, 48]),
+                vocab=r.randrange(60, 200),
+                seq=r.choice([4, 8]),
+                batch=dp * r.choice([1, 2]),
+                hidden=r.choice([0, 40 * tp]),
+            ),
+            r.randrange(64),
+        )
+    )
     dp = r.choice([16, 32, 64])
     m = r.choice([2, 3, 6])
-    found.append((Config(pp=3, dp=dp, tp=2, depth=r.choice([7, 8, 10]), dim=32,
-                         vocab=r.randrange(100, 1000), seq=8, micro_batches=m, batch=dp * m,
-                         schedule=r.choice(["gpipe", "1f1b"])), r.randrange(6 * dp)))
+    found.append(
+        (
+            Config(
+                pp=3,
+                dp=dp,
+                tp=2,
+                depth=r.choice([7, 8, 10]),
+                dim=32,
+                vocab=r.randrange(100, 1000),
+                seq=8,
+                micro_batches=m,
+                batch=dp * m,
+                schedule=r.choice(["gpipe", "1f1b"]),
+            ),
+            r.randrange(6 * dp),
+        )
+    )
     return found  # fmt: skip
 
 
@@ -211,10 +259,23 @@ def timed_configs() -> list[tuple[Config, dict]]:
     for pp, dp, tp in [(4, 16, 4), (2, 8, 16), (1, 64, 2), (8, 4, 8)]:
         m = r.choice([1, 4, 8, 16])
         dim = r.choice([1024, 2048, 4096])
-        found.append((Config(pp=pp, dp=dp, tp=tp, depth=r.choice([24, 30, 32, 40]), dim=dim,
-                             vocab=r.choice([32000, 50257, 128256]), seq=r.choice([1024, 4096]),
-                             micro_batches=m, batch=dp * m * r.choice([1, 2]),
-                             schedule=r.choice(["gpipe", "1f1b"])), hardware(r)))
+        found.append(
+            (
+                Config(
+                    pp=pp,
+                    dp=dp,
+                    tp=tp,
+                    depth=r.choice([24, 30, 32, 40]),
+                    dim=dim,
+                    vocab=r.choice([32000, 50257, 128256]),
+                    seq=r.choice([1024, 4096]),
+                    micro_batches=m,
+                    batch=dp * m * r.choice([1, 2]),
+                    schedule=r.choice(["gpipe", "1f1b"]),
+                ),
+                hardware(r),
+            )
+        )
     return found  # fmt: skip
 
 
@@ -223,11 +284,32 @@ def questions() -> dict:
     r = draws.generator("15.questions")
     pipelines = [(r.randrange(2, 17), r.choice([0.05, 0.1, 0.2, 0.25])) for _ in range(4)]
     dim = r.choice([1024, 2048, 4096])
-    bound = (Config(pp=1, dp=8, tp=r.choice([1, 2, 4]), depth=r.choice([8, 16, 32]), dim=dim,
-                    vocab=32000, seq=r.choice([512, 2048]), batch=8 * r.choice([1, 2, 4])),
-             hardware(r))
-    tp = (Config(pp=1, dp=r.choice([4, 8, 16]), tp=1, depth=16, dim=r.choice([2048, 8192]),
-                 vocab=50257, seq=2048, batch=64), hardware(r))
+    bound = (
+        Config(
+            pp=1,
+            dp=8,
+            tp=r.choice([1, 2, 4]),
+            depth=r.choice([8, 16, 32]),
+            dim=dim,
+            vocab=32000,
+            seq=r.choice([512, 2048]),
+            batch=8 * r.choice([1, 2, 4]),
+        ),
+        hardware(r),
+    )
+    tp = (
+        Config(
+            pp=1,
+            dp=r.choice([4, 8, 16]),
+            tp=1,
+            depth=16,
+            dim=r.choice([2048, 8192]),
+            vocab=50257,
+            seq=2048,
+            batch=64,
+        ),
+        hardware(r),
+    )
     return {"pipelines": pipelines, "bound": bound, "tp": tp}  # fmt: skip
 
 
