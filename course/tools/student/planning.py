@@ -38,7 +38,8 @@ SHAPES = {
     "11": (2, 1, 2, 4),
     "14": (2, 2, 2, 4),
 }  # (pp, dp, tp, micro-batches) by the lesson whose layout it is
-MODEL = dict(vocab=512, dim=192, depth=4, seq=64)  # every shape's model
+MODEL = dict(vocab=512, dim=192, depth=4, seq=64)  # every shape's model (--dim, --seq)
+ON_GPU = dict(dim=2048, seq=512)  # on GPUs, by default: big enough to be compute-bound
 BATCH = 32  # sequences a step, all data-parallel ranks together
 
 
@@ -58,14 +59,14 @@ def _unwritten(path: Path, err: NotImplementedError) -> ValueError:
                       "finish it, or pass --impl solutions")  # fmt: skip
 
 
-def matmul_rate(device: str, threads: int) -> float:
+def matmul_rate(device: str, threads: int, model: dict) -> float:
     """FLOP/s of one rank's float32 matmuls the size of the shapes' MLP, here."""
     import torch
 
     torch.set_num_threads(threads)
-    tokens = BATCH * MODEL["seq"] // 2
-    a = torch.randn(tokens, MODEL["dim"], device=device)
-    b = torch.randn(MODEL["dim"], 4 * MODEL["dim"], device=device)
+    tokens = BATCH * model["seq"] // 2
+    a = torch.randn(tokens, model["dim"], device=device)
+    b = torch.randn(model["dim"], 4 * model["dim"], device=device)
     times = []
     for i in range(8):
         if device == "cuda":
@@ -99,13 +100,13 @@ def _bandwidth(path: str | None, backend: str, gpus: int) -> tuple[dict | None, 
     return {"rows": rows}, "measured now on 2 ranks (4 KiB and 4 MiB)"
 
 
-def machine(plan, backend: str, gpus: int, record: dict | None, world: int):
+def machine(plan, backend: str, record: dict | None, world: int, model: dict):
     """This machine as plan.Hardware, for a shape of `world` ranks."""
     from course import ranks
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     share = ranks.cpu_share(world) if backend == "gloo" else 1
-    flops = matmul_rate("cuda" if backend == "nccl" else "cpu", share)
+    flops = matmul_rate("cuda" if backend == "nccl" else "cpu", share, model)
     if backend == "gloo":
         flops *= min(1.0, cores / (world * share))  # ranks that share cores share their rate
     latency, busbw = link(record)
@@ -114,7 +115,7 @@ def machine(plan, backend: str, gpus: int, record: dict | None, world: int):
                          latency=latency)  # fmt: skip
 
 
-def _timed_rank(rank, world, backend, port, shape, steps, out) -> None:
+def _timed_rank(rank, world, backend, port, shape, steps, model, out) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -125,7 +126,7 @@ def _timed_rank(rank, world, backend, port, shape, steps, out) -> None:
     device = ranks.join_local(rank, world, backend, port)
     torch.set_num_threads(ranks.cpu_share(world))
     pp, dp, tp, m = shape
-    config = Config(pp=pp, dp=dp, tp=tp, batch=BATCH, micro_batches=m, **MODEL)
+    config = Config(pp=pp, dp=dp, tp=tp, batch=BATCH, micro_batches=m, **model)
     try:
         mesh = init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
         model = build(config, mesh, device.type)
@@ -150,17 +151,17 @@ def _timed_rank(rank, world, backend, port, shape, steps, out) -> None:
         dist.destroy_process_group()
 
 
-def _spawn(backend: str, shape, steps: int, out: str) -> None:
+def _spawn(backend: str, shape, steps: int, model: dict, out: str) -> None:
     import torch.multiprocessing as mp
 
     from course import ranks
 
     world = shape[0] * shape[1] * shape[2]
-    args = (world, backend, ranks.free_port(), shape, steps, out)
+    args = (world, backend, ranks.free_port(), shape, steps, model, out)
     mp.start_processes(_timed_rank, args=args, nprocs=world, start_method="spawn")
 
 
-def measure(backend: str, shape, steps: int, timeout: float = 300) -> list[float]:
+def measure(backend: str, shape, steps: int, model: dict, timeout: float = 300) -> list[float]:
     """The shape's step, in seconds: [median, fastest, slowest] over the timed steps (each
     step's slowest rank); its ranks spawned from a child of this process, under a deadline
     that kills them all."""
@@ -168,8 +169,8 @@ def measure(backend: str, shape, steps: int, timeout: float = 300) -> list[float
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "seconds.json"
-        code = (f"from course.tools.student.planning import _spawn; "
-                f"_spawn({backend!r}, {tuple(shape)!r}, {steps}, {str(out)!r})")  # fmt: skip
+        call = f"_spawn({backend!r}, {tuple(shape)!r}, {steps}, {model!r}, {str(out)!r})"
+        code = "from course.tools.student.planning import _spawn; " + call
         result = launch.run([sys.executable, "-c", code], timeout=timeout, cwd=tmp)
         if out.exists():  # written before the group is torn down: that is all that counts
             return json.loads(out.read_text())
@@ -194,6 +195,10 @@ def parser():
     p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl if CUDA works")
     p.add_argument("--bandwidth", help="a `course bandwidth` record (default: measure now)")
     p.add_argument("--steps", type=positive_int, default=5, help="timed steps a shape")
+    p.add_argument(
+        "--dim", type=positive_int, help="the shapes' model width (default 192; 2048 on GPUs)"
+    )
+    p.add_argument("--seq", type=positive_int, help="its sequence (default 64; 512 on GPUs)")
     p.add_argument("--gpus", type=positive_int, default=256)
     p.add_argument("--gpu", default="h100-80gb", help="one of: " + ", ".join(_gpus()))
     p.add_argument("--efficiency", type=float, default=0.4, help="of peak FLOP/s (--model)")
@@ -262,25 +267,29 @@ def predict_here(plan, args, argv) -> dict:
     backend, gpus = ranks.backend_and_world_size(args.backend, None)
     gpus = gpus if backend == "nccl" else 0
     record, source = _bandwidth(args.bandwidth, backend, gpus)
+    sizes = MODEL | (ON_GPU if backend == "nccl" else {})
+    sizes |= {k: getattr(args, k) for k in ("dim", "seq") if getattr(args, k)}
     rows = []
     for lesson, shape in SHAPES.items():
         pp, dp, tp, m = shape
-        model = plan.Model(MODEL["vocab"], MODEL["dim"], MODEL["depth"], MODEL["seq"])
+        model = plan.Model(sizes["vocab"], sizes["dim"], sizes["depth"], sizes["seq"])
         par = plan.Parallel(pp, dp, tp, BATCH, m, "1f1b")
         row = {"lesson": lesson, "shape": list(shape), "world": par.world}
         if backend == "nccl" and par.world > gpus:
             row["skipped"] = f"needs {par.world} GPUs; this machine has {gpus}"
             rows.append(row)
+            print(_line(row), flush=True)
             continue
-        hw = machine(plan, backend, gpus, record, par.world)
+        hw = machine(plan, backend, record, par.world, sizes)
         row["flops"] = hw.flops
         row["predicted"] = {k: float(v) for k, v in plan.step_time(model, par, hw).items()}
         if args.measure:
-            row["measured"], row["fastest"], row["slowest"] = measure(backend, shape, args.steps)
+            timed = measure(backend, shape, args.steps, sizes)
+            row["measured"], row["fastest"], row["slowest"] = timed
             row["ratio"] = row["measured"] / row["predicted"]["total"]
         rows.append(row)
         print(_line(row), flush=True)
-    return {"kind": KIND, "model": MODEL, "batch": BATCH, "rows": rows,
+    return {"kind": KIND, "model": sizes, "batch": BATCH, "rows": rows,
             "provenance": provenance(argv, backend, source)}  # fmt: skip
 
 

@@ -63,8 +63,9 @@ def render_plan(path: str, root: Path = ROOT) -> str:
         f"    On {where} ({prov['cpus']} cores), PyTorch {prov['torch']}"
         + (f", CUDA {prov['cuda']}, NCCL {prov['nccl']}" if prov.get("nccl") else "")
         + f", by `{prov['command']}`; bandwidth: {prov['bandwidth']}; record: `{path}`. "
-        "Milliseconds a step; the model: vocabulary 512, dim 192, 4 blocks, 32 sequences "
-        "of 64 a step.\n"
+        f"Milliseconds a step; the model: vocabulary {doc['model']['vocab']}, dim "
+        f"{doc['model']['dim']}, {doc['model']['depth']} blocks, {doc['batch']} sequences of "
+        f"{doc['model']['seq']} a step.\n"
     )
 
 
