@@ -61,6 +61,7 @@ class Config:
         return (self.batch or 4 * self.dp) // self.dp // self.micro_batches
 
 
+# --8<-- [start:fake]
 @contextlib.contextmanager
 def fake_world(world: int, rank: int):
     """This process as rank `rank` of `world` on the fake backend, for the block's length."""
@@ -71,6 +72,9 @@ def fake_world(world: int, rank: int):
         yield
     finally:
         dist.destroy_process_group()
+
+
+# --8<-- [end:fake]
 
 
 def cuts(depth: int, stages: int) -> list[int]:

@@ -90,38 +90,39 @@ def rows(model: Model, par: Parallel) -> int:
     return par.batch // par.dp // par.micro_batches
 
 
+# --8<-- [start:held]
 def held(model: Model, par: Parallel, stage: int, dp_rank: int) -> dict[str, int]:
     """Bytes the rank keeps between steps: its shards of the stage's parameters, their
     gradients, and AdamW's two moments."""
     # TODO: FSDP2 splits each tensor's first dimension into ceil(n / dp) rows a rank; the
     # last ranks get fewer, or none. Sum this rank's shard of every tensor in units().
-    # the rest of the shape stays whole (math.prod(shape[1:])).
-    # unit); return {"params": shards, "grads": shards, "optimizer": 2 * shards}.
-    raise NotImplementedError("TODO at 15_planning/plan.py:100 is not done yet")
+    raise NotImplementedError("TODO at 15_planning/plan.py:99 is not done yet")
 
 
+# --8<-- [end:held]
+# --8<-- [start:activations]
 def activations(model: Model, par: Parallel, stage: int) -> int:
     """The stage's blocks' activations at the step's high-water mark, in bytes. One block
     keeps, for each token of a micro-batch: the norm's input (dim) and its mean and inverse
     deviation (2), up's input (dim), gelu's input and down's input (width / tp each)."""
     # TODO: how many micro-batches' activations does the stage hold at once? GPipe runs
     # every forward before any backward; 1F1B starts a backward as soon as it can.
-    # backward; never more than there are micro-batches.
-    # rows(...) * seq tokens, times (2 * dim + 2 + 2 * width // tp) * FLOAT.
-    raise NotImplementedError("TODO at 15_planning/plan.py:111 is not done yet")
+    raise NotImplementedError("TODO at 15_planning/plan.py:110 is not done yet")
 
 
+# --8<-- [end:activations]
+# --8<-- [start:traffic]
 def traffic(model: Model, par: Parallel, stage: int) -> dict[str, int]:
     """Bytes this rank moves in one step, by "axis.kind": what it sends, for a receive what
     it receives, for a reduce-scatter its whole input. Axes of size 1 move nothing."""
     # TODO: dp: each unit gathered once (this rank sends its padded shard) and reduced once
     # (the whole padded unit goes in). tp: two all-reduces a block a micro-batch, of one
     # micro-batch's activation. pp: one activation a micro-batch to each neighbour stage.
-    # rows(...) * seq * dim floats. Middle stages send and receive both ways.
-    # = 2 * blocks * m * act; out["pp.send"] = out["pp.recv"] = (1 or 2) * m * act.
-    raise NotImplementedError("TODO at 15_planning/plan.py:122 is not done yet")
+    raise NotImplementedError("TODO at 15_planning/plan.py:121 is not done yet")
 
 
+# --8<-- [end:traffic]
+# --8<-- [start:time]
 def bandwidth(par: Parallel, hw: Hardware, axis: str) -> float:
     """An axis's groups stay in a node while the ranks they span fit in one: tp spans tp
     ranks, dp spans dp x tp, pp the whole world."""
@@ -134,12 +135,10 @@ def step_time(model: Model, par: Parallel, hw: Hardware) -> dict[str, float]:
     # TODO: for each stage: compute = 6 x matmul weights x tokens / (flops x efficiency);
     # tp and pp on the critical path; dp overlapped with compute. The slowest stage sets
     # the pace, and a pipeline idles (pp - 1) of its micro-batches' slots.
-    # 2 (n-1)/n of its bytes, all-gather (n-1) x what it sends, reduce-scatter (n-1)/n of
-    # its input, a send its bytes. Calls: 2 x units (dp), 2 x blocks x m (tp), per message.
-    # compute); total = busy + bubble + exposed, for the stage with the largest busy.
-    raise NotImplementedError("TODO at 15_planning/plan.py:140 is not done yet")
+    raise NotImplementedError("TODO at 15_planning/plan.py:138 is not done yet")
 
 
+# --8<-- [end:time]
 def memory(model: Model, par: Parallel) -> int:
     """The most bytes any rank holds at its high-water mark (dp rank 0 has the largest
     shards)."""
@@ -151,13 +150,13 @@ def fits(model: Model, par: Parallel, hw: Hardware) -> bool:
     return memory(model, par) <= hw.memory
 
 
+# --8<-- [start:questions]
 def micro_batches_for(pp: int, target: float) -> int:
     """The fewest micro-batches that bring a pp-stage pipeline's bubble, as a share of its
     step, to `target` or under."""
     # TODO: answer the three questions with this file's own model.
-    # and best_tp try each candidate in turn and call step_time.
-    # for the other two.
-    raise NotImplementedError("TODO at 15_planning/plan.py:160 is not done yet")
+    raise NotImplementedError("TODO at 15_planning/plan.py:158 is not done yet")
+
 
 
 def communication_bound(model: Model, par: Parallel, hw: Hardware, most: int = 1 << 16):
@@ -165,7 +164,7 @@ def communication_bound(model: Model, par: Parallel, hw: Hardware, most: int = 1
     traffic no longer hides behind compute (exposed > 0), each dp rank keeping its share
     of par's batch; None up to `most`."""
     # TODO: try dp = 1, 2, 4, ... with the batch grown to keep each rank's share.
-    raise NotImplementedError("TODO at 15_planning/plan.py:168 is not done yet")
+    raise NotImplementedError("TODO at 15_planning/plan.py:167 is not done yet")
 
 
 def best_tp(model: Model, par: Parallel, hw: Hardware) -> int:
@@ -173,4 +172,5 @@ def best_tp(model: Model, par: Parallel, hw: Hardware) -> int:
     grows) with the shortest step; the smaller on a tie."""
     # TODO: try tp = 1, 2, 4, ... while it divides the width and the ranks, skipping
     # shapes whose batch does not split.
-    raise NotImplementedError("TODO at 15_planning/plan.py:176 is not done yet")
+    raise NotImplementedError("TODO at 15_planning/plan.py:175 is not done yet")
+# --8<-- [end:questions]

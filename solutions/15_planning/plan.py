@@ -90,15 +90,16 @@ def rows(model: Model, par: Parallel) -> int:
     return par.batch // par.dp // par.micro_batches
 
 
+# --8<-- [start:held]
 def held(model: Model, par: Parallel, stage: int, dp_rank: int) -> dict[str, int]:
     """Bytes the rank keeps between steps: its shards of the stage's parameters, their
     gradients, and AdamW's two moments."""
     # TODO: FSDP2 splits each tensor's first dimension into ceil(n / dp) rows a rank; the
     # last ranks get fewer, or none. Sum this rank's shard of every tensor in units().
     # HINT 1: rank r's rows: max(0, min(per, n - r * per)) with per = ceil(n / dp);
-    # the rest of the shape stays whole (math.prod(shape[1:])).
+    #   the rest of the shape stays whole (math.prod(shape[1:])).
     # HINT 2: shards = sum(rows * math.prod(s[1:]) * FLOAT for unit in units(...) for s in
-    # unit); return {"params": shards, "grads": shards, "optimizer": 2 * shards}.
+    #   unit); return {"params": shards, "grads": shards, "optimizer": 2 * shards}.
     ### BEGIN SOLUTION
     per = [math.ceil(s[0] / par.dp) for unit in units(model, par, stage) for s in unit]
     shapes = [s for unit in units(model, par, stage) for s in unit]
@@ -110,6 +111,8 @@ def held(model: Model, par: Parallel, stage: int, dp_rank: int) -> dict[str, int
     ### END SOLUTION
 
 
+# --8<-- [end:held]
+# --8<-- [start:activations]
 def activations(model: Model, par: Parallel, stage: int) -> int:
     """The stage's blocks' activations at the step's high-water mark, in bytes. One block
     keeps, for each token of a micro-batch: the norm's input (dim) and its mean and inverse
@@ -117,9 +120,9 @@ def activations(model: Model, par: Parallel, stage: int) -> int:
     # TODO: how many micro-batches' activations does the stage hold at once? GPipe runs
     # every forward before any backward; 1F1B starts a backward as soon as it can.
     # HINT 1: 1F1B: stage s runs pp - s - 1 forwards ahead, then one more before its first
-    # backward; never more than there are micro-batches.
+    #   backward; never more than there are micro-batches.
     # HINT 2: in_flight = m (gpipe) or min(m, pp - stage) (1f1b); times blocks, times
-    # rows(...) * seq tokens, times (2 * dim + 2 + 2 * width // tp) * FLOAT.
+    #   rows(...) * seq tokens, times (2 * dim + 2 + 2 * width // tp) * FLOAT.
     ### BEGIN SOLUTION
     m = par.micro_batches
     in_flight = m if par.schedule == "gpipe" else min(m, par.pp - stage)
@@ -129,6 +132,8 @@ def activations(model: Model, par: Parallel, stage: int) -> int:
     ### END SOLUTION
 
 
+# --8<-- [end:activations]
+# --8<-- [start:traffic]
 def traffic(model: Model, par: Parallel, stage: int) -> dict[str, int]:
     """Bytes this rank moves in one step, by "axis.kind": what it sends, for a receive what
     it receives, for a reduce-scatter its whole input. Axes of size 1 move nothing."""
@@ -136,9 +141,9 @@ def traffic(model: Model, par: Parallel, stage: int) -> dict[str, int]:
     # (the whole padded unit goes in). tp: two all-reduces a block a micro-batch, of one
     # micro-batch's activation. pp: one activation a micro-batch to each neighbour stage.
     # HINT 1: a padded shard has ceil(n / dp) rows, the same on every rank; an activation is
-    # rows(...) * seq * dim floats. Middle stages send and receive both ways.
+    #   rows(...) * seq * dim floats. Middle stages send and receive both ways.
     # HINT 2: out["dp.all_gather"] = S; out["dp.reduce_scatter"] = S * dp; out["tp.all_reduce"]
-    # = 2 * blocks * m * act; out["pp.send"] = out["pp.recv"] = (1 or 2) * m * act.
+    #   = 2 * blocks * m * act; out["pp.send"] = out["pp.recv"] = (1 or 2) * m * act.
     ### BEGIN SOLUTION
     padded = sum(
         math.ceil(s[0] / par.dp) * math.prod(s[1:]) * FLOAT
@@ -159,6 +164,8 @@ def traffic(model: Model, par: Parallel, stage: int) -> dict[str, int]:
     ### END SOLUTION
 
 
+# --8<-- [end:traffic]
+# --8<-- [start:time]
 def bandwidth(par: Parallel, hw: Hardware, axis: str) -> float:
     """An axis's groups stay in a node while the ranks they span fit in one: tp spans tp
     ranks, dp spans dp x tp, pp the whole world."""
@@ -172,10 +179,10 @@ def step_time(model: Model, par: Parallel, hw: Hardware) -> dict[str, float]:
     # tp and pp on the critical path; dp overlapped with compute. The slowest stage sets
     # the pace, and a pipeline idles (pp - 1) of its micro-batches' slots.
     # HINT 1: a collective costs latency + bus bytes / bandwidth(par, hw, axis): all-reduce
-    # 2 (n-1)/n of its bytes, all-gather (n-1) x what it sends, reduce-scatter (n-1)/n of
-    # its input, a send its bytes. Calls: 2 x units (dp), 2 x blocks x m (tp), per message.
+    #   2 (n-1)/n of its bytes, all-gather (n-1) x what it sends, reduce-scatter (n-1)/n of
+    #   its input, a send its bytes. Calls: 2 x units (dp), 2 x blocks x m (tp), per message.
     # HINT 2: busy = compute + tp + pp; bubble = busy x (pp - 1) / m; exposed = max(0, dp -
-    # compute); total = busy + bubble + exposed, for the stage with the largest busy.
+    #   compute); total = busy + bubble + exposed, for the stage with the largest busy.
     ### BEGIN SOLUTION
     m, found, lat = par.micro_batches, [], hw.latency
     tokens = par.batch // par.dp * model.seq
@@ -203,6 +210,7 @@ def step_time(model: Model, par: Parallel, hw: Hardware) -> dict[str, float]:
     ### END SOLUTION
 
 
+# --8<-- [end:time]
 def memory(model: Model, par: Parallel) -> int:
     """The most bytes any rank holds at its high-water mark (dp rank 0 has the largest
     shards)."""
@@ -214,17 +222,19 @@ def fits(model: Model, par: Parallel, hw: Hardware) -> bool:
     return memory(model, par) <= hw.memory
 
 
+# --8<-- [start:questions]
 def micro_batches_for(pp: int, target: float) -> int:
     """The fewest micro-batches that bring a pp-stage pipeline's bubble, as a share of its
     step, to `target` or under."""
     # TODO: answer the three questions with this file's own model.
     # HINT 1: the bubble's share of a step is (pp - 1) / (m + pp - 1). communication_bound
-    # and best_tp try each candidate in turn and call step_time.
+    #   and best_tp try each candidate in turn and call step_time.
     # HINT 2: math.ceil((pp - 1) * (1 - target) / target - 1e-9), at least 1; see the page
-    # for the other two.
+    #   for the other two.
     ### BEGIN SOLUTION
     return max(1, math.ceil((pp - 1) * (1 - target) / target - 1e-9))
     ### END SOLUTION
+
 
 
 def communication_bound(model: Model, par: Parallel, hw: Hardware, most: int = 1 << 16):
@@ -232,6 +242,10 @@ def communication_bound(model: Model, par: Parallel, hw: Hardware, most: int = 1
     traffic no longer hides behind compute (exposed > 0), each dp rank keeping its share
     of par's batch; None up to `most`."""
     # TODO: try dp = 1, 2, 4, ... with the batch grown to keep each rank's share.
+    # HINT 1: share = par.batch // par.dp sequences a rank; the shape of degree dp is
+    #   Parallel(par.pp, dp, par.tp, share * dp, par.micro_batches, par.schedule).
+    # HINT 2: return the first dp whose step_time(model, shape, hw)["exposed"] > 0; None
+    #   after `most`.
     ### BEGIN SOLUTION
     per_rank, dp = par.batch // par.dp, 1
     while dp <= most:
@@ -248,6 +262,10 @@ def best_tp(model: Model, par: Parallel, hw: Hardware) -> int:
     grows) with the shortest step; the smaller on a tie."""
     # TODO: try tp = 1, 2, 4, ... while it divides the width and the ranks, skipping
     # shapes whose batch does not split.
+    # HINT 1: the ranks stay par.tp * par.dp: dp = par.tp * par.dp // tp; skip a tp when
+    #   par.batch % (dp * par.micro_batches) is not 0.
+    # HINT 2: keep the (total, tp) with the smallest step_time(...)["total"], replacing it
+    #   only when strictly smaller, so that the smaller tp wins a tie.
     ### BEGIN SOLUTION
     best, tp = None, 1
     while tp <= par.tp * par.dp and model.width % tp == 0:
@@ -260,3 +278,4 @@ def best_tp(model: Model, par: Parallel, hw: Hardware) -> int:
         tp *= 2
     return best[1]
     ### END SOLUTION
+# --8<-- [end:questions]

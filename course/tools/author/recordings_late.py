@@ -159,4 +159,19 @@ LATE = (
         "lesson 13, one MoE layer against a dense MLP of the same active parameters, one GPU",
         gpus=1,
     ),
+    Recording(
+        "15_plan_llama",
+        "",
+        ("--model", "llama-8b", "--gpus", "256", "--gpu", "h100-80gb", "--top", "8"),
+        "lesson 15, the meshes of 256 H100s that fit Llama 3.1 8B, fastest first",
+        verb="plan",
+    ),
+    Recording(
+        "15_check_1024",
+        "",
+        ("--model", "course-14", "--gpus", "1024", "--gpu", "h100-80gb", "--batch", "256")
+        + ("--top", "8", "--check", "8", "--rank", "1000"),
+        "lesson 15, rank 1000 of 1024 stepped on the fake backend, predicted and counted",
+        verb="plan",
+    ),
 )

@@ -102,16 +102,15 @@ def rank(plan, model, gpus: int, batch: int, hw) -> list[dict]:
 
 
 def table(rows: list[dict], top: int) -> str:
-    head = (f"{'#':>2} {'pp':>3} {'dp':>5} {'tp':>3} {'m':>3} {'GB':>6} {'step s':>8} "
-            f"{'compute':>8} {'tp':>7} {'pp':>7} {'dp':>7} {'hidden':>7} "
-            f"{'bubble':>7}")  # fmt: skip
-    lines = [head]
+    terms = ("total", "compute", "tp", "pp", "dp", "hidden", "bubble")
+    names = ("step s", "compute", "tp", "pp", "dp", "hidden", "bubble")
+    lines = [f"{'#':>2} {'pp':>3} {'dp':>5} {'tp':>3} {'m':>3} {'GB':>6}"
+             + "".join(f" {n:>8}" for n in names)]  # fmt: skip
     for i, r in enumerate(rows[:top], 1):
-        p = r["par"]
+        p, r = r["par"], {**r, "hidden": r["dp"] - r["exposed"]}
         lines.append(
-            f"{i:>2} {p.pp:>3} {p.dp:>5} {p.tp:>3} {p.micro_batches:>3} "
-            f"{r['memory'] / GB:>6.1f} {r['total']:>8.3g} {r['compute']:>8.3g} {r['tp']:>7.3g} "
-            f"{r['pp']:>7.3g} {r['dp']:>7.3g} {r['dp'] - r['exposed']:>7.3g} {r['bubble']:>7.3g}"
+            f"{i:>2} {p.pp:>3} {p.dp:>5} {p.tp:>3} {p.micro_batches:>3} {r['memory'] / GB:>6.1f}"
+            + "".join(f" {r[t]:>8.3g}" for t in terms)
         )
     return "\n".join(lines)
 
@@ -136,8 +135,10 @@ def check(plan, model, par, seq: int, rank_: int) -> str:
     said["activations"] = plan.activations(short, par, stage)
     said.update(plan.traffic(short, par, stage))
     counted = {**found["held"], **found["traffic"]}
-    lines = [f"rank {rank_} (stage {stage}, dp rank {dp_rank}) of {par.world}, one step at "
-             f"sequence {seq}: bytes", f"  {'':<20} {'predicted':>16} {'counted':>16}"]  # fmt: skip
+    mesh = f"(pp {par.pp}, dp {par.dp}, tp {par.tp}), {par.micro_batches} micro-batches"
+    lines = [f"rank {rank_} of {par.world}: {mesh}; its stage {stage}, dp rank {dp_rank}",
+             f"one step at sequence {seq}, bytes:",
+             f"  {'':<20} {'predicted':>16} {'counted':>16}"]  # fmt: skip
     for key in sorted(set(said) | set(counted), key=lambda k: ("." in k, k)):
         a, b = said.get(key, 0), counted.get(key, 0)
         mark = "" if a == b else "   <- differs"

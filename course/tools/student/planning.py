@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -171,7 +172,8 @@ def measure(backend: str, shape, steps: int, model: dict, timeout: float = 300) 
         out = Path(tmp) / "seconds.json"
         call = f"_spawn({backend!r}, {tuple(shape)!r}, {steps}, {model!r}, {str(out)!r})"
         code = "from course.tools.student.planning import _spawn; " + call
-        result = launch.run([sys.executable, "-c", code], timeout=timeout, cwd=tmp)
+        python = os.path.abspath(sys.executable)  # the child runs in another folder
+        result = launch.run([python, "-c", code], timeout=timeout, cwd=tmp)
         if out.exists():  # written before the group is torn down: that is all that counts
             return json.loads(out.read_text())
         raise ValueError(f"timing pp {shape[0]}, dp {shape[1]}, tp {shape[2]} failed: "
@@ -324,10 +326,9 @@ def plan_at_scale(plan, args) -> None:
     hw = plan.Hardware(efficiency=args.efficiency, **planner.GPUS[args.gpu])
     batch = args.batch or preset.batch
     rows = planner.rank(plan, model, args.gpus, batch, hw)
-    print(
-        f"{args.model} ({preset.source})\non {args.gpus} x {args.gpu}, {batch} sequences of "
-        f"{preset.seq} a step, float32 + AdamW, {args.efficiency:.0%} of peak FLOP/s"
-    )
+    print(textwrap.fill(f"{args.model}: {preset.source}", 88, subsequent_indent="  "))
+    print(f"on {args.gpus} x {args.gpu}, {batch} sequences of {preset.seq} a step, float32 + "
+          f"AdamW, {args.efficiency:.0%} of peak FLOP/s")  # fmt: skip
     if not rows:
         raise ValueError(f"no mesh of {args.gpus} GPUs fits {args.model} in "
                          f"{hw.memory / planner.GB:.0f} GB a GPU")  # fmt: skip
