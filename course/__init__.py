@@ -49,6 +49,7 @@ where a new helper goes (tests/course/test_layout.py checks this map against the
     meter            the most bytes a rank's allocator held during a call
     tripwires        library shortcuts (ZeroRedundancyOptimizer, fully_shard, ...) noted
     draws            rank counts, stages, orders drawn from the printed grading seed
+    scale            one rank of a fake world of 64-1024, built, stepped and counted
 
   course/probes/     inside every launched process, armed by COURSE_* variables;
                      they import nothing heavy at start-up (_site/sitecustomize.py, the
@@ -64,7 +65,8 @@ where a new helper goes (tests/course/test_layout.py checks this map against the
     cli              python -m course: VERBS, each verb once (name, who, module, help)
     verbs            what a verb is; the parser and --help built from the table
     student/         hints, clock, spy, bandwidth, timeline, sharding_memory
-                     (course memory), find_unused, bench/
+                     (course memory), find_unused, planning (course plan) and
+                     planner (its presets and search), bench/
     instructor/      grade_class, autograder, classroom, grading_cost
     author/          release, sizes, record (runs recording_catalogue, recordings_late), figures,
                      measure_tolerances (course tolerances) and tolerance_store (its

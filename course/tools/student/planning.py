@@ -207,6 +207,13 @@ def parser():
     p.add_argument("--batch", type=positive_int, help="sequences a step (default: preset's)")
     p.add_argument("--top", type=positive_int, default=10)
     p.add_argument(
+        "--mesh",
+        type=positive_int,
+        nargs="+",
+        metavar="N",
+        help="plan this mesh only: PP DP TP [MICRO_BATCHES]",
+    )
+    p.add_argument(
         "--check",
         type=positive_int,
         metavar="N",
@@ -325,17 +332,26 @@ def plan_at_scale(plan, args) -> None:
     model = plan.Model(preset.vocab, preset.dim, preset.depth, preset.seq, preset.hidden)
     hw = plan.Hardware(efficiency=args.efficiency, **planner.GPUS[args.gpu])
     batch = args.batch or preset.batch
-    rows = planner.rank(plan, model, args.gpus, batch, hw)
+    if args.mesh:
+        pp, dp, tp, m = (args.mesh + [1])[:4]
+        par = plan.Parallel(pp, dp, tp, batch, m, "1f1b")
+        plan.check(model, par, args.gpus)  # ValueError: the product, or what does not split
+        rows = [{"par": par, "memory": plan.memory(model, par),
+                 **plan.step_time(model, par, hw)}]  # fmt: skip
+    else:
+        rows = planner.rank(plan, model, args.gpus, batch, hw)
     print(textwrap.fill(f"{args.model}: {preset.source}", 88, subsequent_indent="  "))
     print(f"on {args.gpus} x {args.gpu}, {batch} sequences of {preset.seq} a step, float32 + "
           f"AdamW, {args.efficiency:.0%} of peak FLOP/s")  # fmt: skip
     if not rows:
         raise ValueError(f"no mesh of {args.gpus} GPUs fits {args.model} in "
                          f"{hw.memory / planner.GB:.0f} GB a GPU")  # fmt: skip
-    print(
-        f"{len(rows)} meshes fit; the {min(args.top, len(rows))} fastest (seconds a step; "
-        "GB: the fullest rank):"
-    )
+    if args.mesh:
+        fits = "fits" if rows[0]["memory"] <= hw.memory else "does not fit"
+        print(f"the mesh asked for {fits} (seconds a step; GB: the fullest rank):")
+    else:
+        print(f"{len(rows)} meshes fit; the {min(args.top, len(rows))} fastest (seconds a "
+              "step; GB: the fullest rank):")  # fmt: skip
     print(planner.table(rows, args.top))
     if args.check:
         if args.check > len(rows):
