@@ -65,8 +65,8 @@ where a new helper goes (tests/course/test_layout.py checks this map against the
     cli              python -m course: VERBS, each verb once (name, who, module, help)
     verbs            what a verb is; the parser and --help built from the table
     student/         hints, clock, spy, bandwidth, timeline, sharding_memory
-                     (course memory), find_unused, planning (course plan) and
-                     planner (its presets and search), bench/
+                     (course memory), find_unused, planning (course plan), plan_here
+                     (this machine's side) and planner (presets, search), bench/
     instructor/      grade_class, autograder, classroom, grading_cost
     author/          release, sizes, record (runs recording_catalogue, recordings_late), figures,
                      measure_tolerances (course tolerances) and tolerance_store (its

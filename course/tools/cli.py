@@ -203,7 +203,7 @@ VERBS = (
          "lesson 10: bytes per rank, predicted and counted",
          errors=(FileNotFoundError, ValueError)),
     Verb("plan", STUDENT, "student.planning",
-         "lesson 15: step times predicted and measured; meshes planned at scale",
+         "lesson 15: step times predicted, measured; meshes planned",
          errors=(FileNotFoundError, ValueError)),
     Verb("find-unused", STUDENT, "student.find_unused",
          "lesson 09: what find_unused_parameters=True costs", errors=()),

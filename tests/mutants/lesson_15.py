@@ -58,6 +58,26 @@ MUTANTS = [
     ),
 ]
 
+MUTANTS += [
+    dict(
+        name="communication_bound_batch_fixed",
+        why="the global batch kept as dp grows: each rank's share shrinks, and compute with "
+        "it, so the bound comes far too early",
+        old="        shape = Parallel(par.pp, dp, par.tp, per_rank * dp, par.micro_batches, "
+        "par.schedule)\n",
+        new="        shape = Parallel(par.pp, dp, par.tp, par.batch, par.micro_batches, "
+        "par.schedule)\n",
+        caught_by="questions",
+    ),
+    dict(
+        name="best_tp_grows_the_world",
+        why="dp kept as tp grows: each candidate runs on more GPUs than the question has",
+        old="        dp = par.tp * par.dp // tp\n",
+        new="        dp = par.dp\n",
+        caught_by="questions",
+    ),
+]
+
 ALTERNATIVES = [
     dict(
         name="loops_and_tables",

@@ -57,12 +57,12 @@ def times(lesson):
 @cases.case
 def questions(lesson):
     q = m.questions()
-    (bound, hw1), (wide, hw2) = q["bound"], q["tp"]
     return {
         "pipelines": [lesson.micro_batches_for(pp, t) for pp, t in q["pipelines"]],
-        "bound": lesson.communication_bound(*_shapes(lesson, bound), lesson.Hardware(**hw1)),
-        "tp": lesson.best_tp(*_shapes(lesson, wide), lesson.Hardware(**hw2)),
-    }
+        "bound": [lesson.communication_bound(*_shapes(lesson, c), lesson.Hardware(**hw))
+                  for c, hw in q["bound"]],
+        "tp": [lesson.best_tp(*_shapes(lesson, c), lesson.Hardware(**hw)) for c, hw in q["tp"]],
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -283,33 +283,39 @@ def questions() -> dict:
     """The three questions' hidden numbers."""
     r = draws.generator("15.questions")
     pipelines = [(r.randrange(2, 17), r.choice([0.05, 0.1, 0.2, 0.25])) for _ in range(4)]
-    dim = r.choice([1024, 2048, 4096])
-    bound = (
-        Config(
-            pp=1,
-            dp=8,
-            tp=r.choice([1, 2, 4]),
-            depth=r.choice([8, 16, 32]),
-            dim=dim,
-            vocab=32000,
-            seq=r.choice([512, 2048]),
-            batch=8 * r.choice([1, 2, 4]),
-        ),
-        hardware(r),
-    )
-    tp = (
-        Config(
-            pp=1,
-            dp=r.choice([4, 8, 16]),
-            tp=1,
-            depth=16,
-            dim=r.choice([2048, 8192]),
-            vocab=50257,
-            seq=2048,
-            batch=64,
-        ),
-        hardware(r),
-    )
+    bound = [
+        (
+            Config(
+                pp=1,
+                dp=8,
+                tp=r.choice([1, 2, 4]),
+                depth=r.choice([8, 16, 32]),
+                dim=r.choice([1024, 2048, 4096]),
+                vocab=32000,
+                seq=r.choice([512, 2048, 4096]),
+                batch=8 * r.choice([2, 4, 8, 16]),
+            ),
+            hardware(r),
+        )
+        for _ in range(3)
+    ]
+    bound[0] = (Config(**{**bound[0][0].__dict__, "seq": 4096, "batch": 8 * 16}), bound[0][1])
+    tp = [
+        (
+            Config(
+                pp=1,
+                dp=r.choice([4, 8, 16]),
+                tp=1,
+                depth=16,
+                dim=r.choice([2048, 8192]),
+                vocab=50257,
+                seq=2048,
+                batch=64,
+            ),
+            hardware(r),
+        )
+        for _ in range(3)
+    ]
     return {"pipelines": pipelines, "bound": bound, "tp": tp}  # fmt: skip
 
 

@@ -17,11 +17,12 @@ def parses(verb: str, args: list[str]) -> None:
     """The verb's own parser accepts the arguments the figure would be made with."""
     from course.tools.author import compositions, measure_tolerances, schedules
     from course.tools.instructor import grading_cost
-    from course.tools.student import bandwidth, bench, timeline
+    from course.tools.student import bandwidth, bench, planning, timeline
 
     parser = {"bench": bench.parser, "bandwidth": bandwidth.parser, "timeline": timeline.parser}
     parser["schedules"] = schedules.parser
     parser["compositions"] = compositions.parser
+    parser["plan"] = planning.parser
     parser["grading-cost"] = grading_cost.parser
     parser["tolerances"] = measure_tolerances.parser
     try:
@@ -136,7 +137,7 @@ def test_every_record_writer_names_the_course_version_in_its_provenance():
     import course
     from course.tools.author import compositions, measure_tolerances, record, schedules
     from course.tools.instructor import grading_cost
-    from course.tools.student import bandwidth, timeline
+    from course.tools.student import bandwidth, planning, timeline
     from course.tools.student.bench.catalogue import Settings
     from course.tools.student.bench.provenance import provenance as bench_provenance
 
@@ -147,6 +148,7 @@ def test_every_record_writer_names_the_course_version_in_its_provenance():
         "timeline": timeline.provenance([], "gloo"),
         "schedules": schedules.provenance([]),
         "compositions": compositions.provenance([]),
+        "plan": planning.provenance([], "gloo", "none"),
         "record": record.provenance(),
         "grading-cost": grading_cost.provenance([]),
         "tolerances": measure_tolerances.provenance("python -m course tolerances"),

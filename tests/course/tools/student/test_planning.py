@@ -1,4 +1,4 @@
-"""course.tools.student.planning (python -m course plan) and its planner: predictions on
+"""course.tools.student.planning (python -m course plan), plan_here and planner: predictions on
 this machine, a shape timed, the presets ranked, a mesh checked at a fake world, and bad
 input refused in one line."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from course import REPO_ROOT, launch
-from course.tools.student import planning
+from course.tools.student import plan_here, planning
 
 BANDWIDTH = "docs/results/05_allreduce/cpu-gloo.json"
 
@@ -45,7 +45,7 @@ def test_predict_prices_every_shape_and_writes_a_record(tmp_path):
 
 def test_measure_times_a_pipeline_shape():
     model = {"vocab": 32, "dim": 16, "depth": 2, "seq": 4}
-    median, fastest, slowest = planning.measure("gloo", (2, 1, 1, 2), 3, model, timeout=120)
+    median, fastest, slowest = plan_here.measure("gloo", (2, 1, 1, 2), 3, model, timeout=120)
     assert 0 < fastest <= median <= slowest
 
 
