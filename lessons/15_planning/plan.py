@@ -158,13 +158,12 @@ def micro_batches_for(pp: int, target: float) -> int:
     raise NotImplementedError("TODO at 15_planning/plan.py:158 is not done yet")
 
 
-
 def communication_bound(model: Model, par: Parallel, hw: Hardware, most: int = 1 << 16):
     """The smallest data-parallel degree, a power of two, at which the data-parallel
     traffic no longer hides behind compute (exposed > 0), each dp rank keeping its share
     of par's batch; None up to `most`."""
     # TODO: try dp = 1, 2, 4, ... with the batch grown to keep each rank's share.
-    raise NotImplementedError("TODO at 15_planning/plan.py:167 is not done yet")
+    raise NotImplementedError("TODO at 15_planning/plan.py:166 is not done yet")
 
 
 def best_tp(model: Model, par: Parallel, hw: Hardware) -> int:
@@ -172,5 +171,7 @@ def best_tp(model: Model, par: Parallel, hw: Hardware) -> int:
     grows) with the shortest step; the smaller on a tie."""
     # TODO: try tp = 1, 2, 4, ... while it divides the width and the ranks, skipping
     # shapes whose batch does not split.
-    raise NotImplementedError("TODO at 15_planning/plan.py:175 is not done yet")
+    raise NotImplementedError("TODO at 15_planning/plan.py:174 is not done yet")
+
+
 # --8<-- [end:questions]

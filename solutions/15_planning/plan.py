@@ -236,7 +236,6 @@ def micro_batches_for(pp: int, target: float) -> int:
     ### END SOLUTION
 
 
-
 def communication_bound(model: Model, par: Parallel, hw: Hardware, most: int = 1 << 16):
     """The smallest data-parallel degree, a power of two, at which the data-parallel
     traffic no longer hides behind compute (exposed > 0), each dp rank keeping its share
@@ -278,4 +277,6 @@ def best_tp(model: Model, par: Parallel, hw: Hardware) -> int:
         tp *= 2
     return best[1]
     ### END SOLUTION
+
+
 # --8<-- [end:questions]

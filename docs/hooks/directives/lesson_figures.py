@@ -56,10 +56,11 @@ def render_plan(path: str, root: Path = ROOT) -> str:
     doc = json.loads((root / path).read_text())
     prov = doc["provenance"]
     where = prov["device"] if prov["device"] == "CPU" else f"1 × {prov['device']}"
+    short = where if prov["device"] == "CPU" else "1 × " + prov["device"].split()[1]  # H100
     return (
         f"{planning.render_markdown(doc)}\n\n"
         f'??? course-provenance "Measured {prov["date"][:10]} · PyTorch '
-        f'{prov["torch"].split("+")[0]} · {where}"\n\n'
+        f'{prov["torch"].split("+")[0]} · {short}"\n\n'
         f"    On {where} ({prov['cpus']} cores), PyTorch {prov['torch']}"
         + (f", CUDA {prov['cuda']}, NCCL {prov['nccl']}" if prov.get("nccl") else "")
         + f", by `{prov['command']}`; bandwidth: {prov['bandwidth']}; record: `{path}`. "
