@@ -51,6 +51,8 @@ and it is left alone inside a fenced code block:
     1-D FSDP control, or the collectives of one step by mesh axis.
 ``<!-- plan: docs/results/FOLDER/FILE.json -->``
     A ``python -m course plan --measure`` record: lesson 15's predicted and measured steps.
+``<!-- translation-terms -->``
+    The fixed terms of the Chinese pages (docs/hooks/terms.zh.yml), English and Chinese.
 ``<!-- bench-plot: docs/results/FOLDER -->``
     The plot of every ``course bench`` record in that folder (or of one record:
     a FILE.json path), drawn at build time. Inline, ``[[bench:FOLDER/FILE:KEY.FIELD]]``
@@ -76,6 +78,7 @@ for _path in (ROOT, HOOKS):  # the course package (installed or not), and ./dire
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+import translation  # noqa: E402  (docs/hooks/translation.py: the Chinese pages)
 from directives.grading import render_grading  # noqa: E402
 from directives.hints import render_hints, render_lesson_card, render_lessons_table  # noqa: E402
 from directives.lesson_figures import (  # noqa: E402
@@ -99,6 +102,7 @@ from directives.records import (  # noqa: E402
 )
 from directives.snippets import find_mermaid_js, render_diff  # noqa: E402
 from directives.solutions import expand_snippets  # noqa: E402
+from directives.terms import render_terms  # noqa: E402
 from directives.tolerances import render_tolerances  # noqa: E402
 
 # Where the site loads mermaid from; mkdocs.yml lists it under extra_javascript.
@@ -131,11 +135,16 @@ DIRECTIVES = {
     "plan": ((1,), render_plan, False),
     "timeline": ((1,), render_timeline, False),
     "tolerances": ((1,), render_tolerances, False),
+    "translation-terms": ((0,), render_terms, False),
 }
 
 
 def expand(markdown: str, src_uri: str) -> str:
     page_dir = src_uri.rsplit("/", 1)[0] if "/" in src_uri else ""
+    lang = "zh" if src_uri.endswith(translation.SUFFIX) else "en"
+
+    def inline(m: re.Match) -> str:
+        return render_inline(m, lang)
 
     def replace(m: re.Match) -> str:
         name, args = m.group("name"), m.group("args").split()
@@ -164,7 +173,7 @@ def expand(markdown: str, src_uri: str) -> str:
             stripped = line.lstrip()
             indent = len(line) - len(stripped)
             if fence is None and stripped.startswith("```"):
-                out.append(INLINE.sub(render_inline, DIRECTIVE.sub(indented, "".join(chunk))))
+                out.append(INLINE.sub(inline, DIRECTIVE.sub(indented, "".join(chunk))))
                 chunk, fence = [], indent
                 out.append(line)
             elif fence is not None:
@@ -173,7 +182,7 @@ def expand(markdown: str, src_uri: str) -> str:
                     fence = None
             else:
                 chunk.append(line)
-        out.append(INLINE.sub(render_inline, DIRECTIVE.sub(indented, "".join(chunk))))
+        out.append(INLINE.sub(inline, DIRECTIVE.sub(indented, "".join(chunk))))
         return "".join(out)
 
     try:
@@ -202,7 +211,7 @@ def on_page_content(html, page, config, files):
 
 
 def on_page_markdown(markdown, page, config, files):
-    return expand(markdown, page.file.src_uri)
+    return translation.for_build(expand(markdown, page.file.src_uri), page.file, page.url)
 
 
 # mermaid's 2.7 MB take about half a second of a reader's CPU to load; a page that has

@@ -17,7 +17,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import urljoin, urlparse
 
 import pytest
 
@@ -265,8 +265,10 @@ def offline(request, browser):
     ctx.close()
 
 
-LESSON_PAGES = sorted(
-    p.stem for p in (Path(__file__).resolve().parents[2] / "docs" / "lessons").glob("[0-9]*.md")
+LESSON_PAGES = sorted(  # the English pages (the Chinese one: test_a_chinese_lesson_page_…)
+    p.stem
+    for p in (Path(__file__).resolve().parents[2] / "docs" / "lessons").glob("[0-9]*.md")
+    if not p.name.endswith(".zh.md")
 )
 
 
@@ -419,6 +421,69 @@ def test_every_mermaid_diagram_becomes_an_svg(offline, base_url, artifacts, path
     page.evaluate("window.scrollTo(0, 0)")
     name = (path.strip("/") or "home") + f"-diagrams-{offline.scheme}.png"
     artifacts.shot(page, name, full_page=True)
+    offline.assert_offline()
+
+
+# Lesson 14 in Chinese: tab sets, a translated diagram (mesh_3d.zh.mmd), record tables.
+ZH_LESSON = "zh/lessons/14_composing/"
+
+
+def test_a_chinese_lesson_page_has_tabs_diagrams_and_a_way_back(offline, base_url, artifacts):
+    """The Chinese lesson 14, light and dark: its 起始代码/参考答案 tabs switch every tab set
+    together, its diagram draws with Chinese labels at a legible size, no code block scrolls
+    sideways at 1280 px, and the language switcher leads to the same lesson in English."""
+    page = offline.page()
+    page.goto(base_url + ZH_LESSON)
+    assert page.locator("html").get_attribute("lang") == "zh"
+    scheme = page.locator("body").get_attribute("data-md-color-scheme")
+    assert scheme == ("slate" if offline.scheme == "dark" else "default"), scheme
+    tabs = page.locator(".tabbed-set").filter(has=page.locator("label", has_text="起始代码"))
+    assert tabs.count() >= 1, "no 起始代码/参考答案 tab set on the Chinese lesson page"
+    first = tabs.first
+    assert first.locator(".tabbed-block").nth(0).locator("code").inner_text().strip()
+    first.locator("label", has_text="参考答案").click()
+    first.locator(".tabbed-block").nth(1).locator("code").wait_for(state="visible")
+    chosen = page.evaluate(
+        """() => [...document.querySelectorAll('.tabbed-set')].map(set => {
+                 const input = set.querySelector(':scope > input:checked');
+                 return set.querySelector(`label[for="${input.id}"]`).textContent.trim();
+               }).filter(label => label === '起始代码' || label === '参考答案')"""
+    )
+    assert chosen and set(chosen) == {"参考答案"}, f"tab sets did not follow: {chosen}"
+    expected = page.locator("div.mermaid").count()
+    assert expected >= 1, "the Chinese lesson 14 draws no diagram"
+    draw_diagrams(page, expected)
+    labels = page.evaluate(
+        "() => [...document.querySelectorAll('div.mermaid')]"
+        ".map(d => d.shadowRoot.querySelector('svg').textContent).join(' ')"
+    )
+    assert re.search("[\u4e00-\u9fff]", labels), f"the diagram has no Chinese label: {labels}"
+    small = small_diagram_text(page)
+    assert not small, f"text smaller than {MIN_DIAGRAM_TEXT_PX} px: {small}"
+    if offline.scheme == "light":
+        wide = wide_code(page)
+        assert not wide, f"{len(wide)} code blocks or tables scroll sideways: {wide[:4]}"
+    page.evaluate("window.scrollTo(0, 0)")
+    artifacts.shot(page, f"zh-lesson-14-{offline.scheme}.png", settle_ms=400)
+    english = page.locator("a[hreflang='en']").first.get_attribute("href")
+    page.goto(urljoin(page.url, english))
+    assert page.url.endswith("/lessons/14_composing/") and "/zh/" not in page.url, page.url
+    assert page.locator("html").get_attribute("lang") == "en"
+    offline.assert_offline()
+
+
+@pytest.mark.parametrize("offline", ["light"], indirect=True)
+def test_search_finds_a_chinese_page_by_a_chinese_word(offline, base_url, artifacts):
+    """jieba cut the Chinese pages into words at build time, so a Chinese word typed into
+    the search box finds the Chinese lesson that uses it."""
+    page = offline.page()
+    page.goto(base_url + "zh/")
+    page.locator("input.md-search__input").click()
+    page.keyboard.type("流水线", delay=20)
+    hit = page.locator(".md-search-result__item a[href*='zh/lessons/1']")
+    hit.first.wait_for(state="visible")
+    assert "流水线" in page.locator(".md-search-result").inner_text()
+    artifacts.shot(page, "zh-search.png")
     offline.assert_offline()
 
 

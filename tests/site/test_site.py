@@ -151,6 +151,12 @@ def test_every_lesson_with_code_has_a_page_in_the_nav():
         assert f"lessons/{lesson.slug}.md" in nav, f"lesson {lesson.number}: page not in nav"
 
 
+# The English lesson pages (their Chinese twins, NN_*.zh.md, are held to the same structure
+# by tests/site/test_translation.py).
+ENGLISH_LESSON_PAGES = sorted(
+    p for p in DOCS.glob("lessons/[0-9][0-9]_*.md") if not p.name.endswith(".zh.md")
+)
+
 REQUIRED_HEADINGS = (
     "## Goal",
     "## Run it",
@@ -174,7 +180,7 @@ def test_every_graded_test_says_what_it_checks():
     assert not bare, f"graded tests without a docstring: {bare}"
 
 
-@pytest.mark.parametrize("page", sorted(DOCS.glob("lessons/[0-9][0-9]_*.md")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("page", ENGLISH_LESSON_PAGES, ids=lambda p: p.stem)
 def test_lesson_page_has_every_part(page):
     text = page.read_text(encoding="utf-8")
     missing = [h for h in REQUIRED_HEADINGS if h not in text]
@@ -187,7 +193,7 @@ def test_lesson_page_has_every_part(page):
         assert "<!-- diff: " in text, "no diff against the previous lesson"
 
 
-@pytest.mark.parametrize("page", sorted(DOCS.glob("lessons/[0-9][0-9]_*.md")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("page", ENGLISH_LESSON_PAGES, ids=lambda p: p.stem)
 def test_run_it_commands_run_the_students_own_file(page):
     """A student who copies a command from a page runs their own file: a command line of a
     bash block that names solutions/ says it runs the reference ("# the reference")."""
@@ -225,7 +231,7 @@ def test_grading_tables_match_the_tests(site):
         if line.startswith("tests/lessons/test_") and "::" in line
     )
     for test_file in test_files:
-        pages = list(DOCS.glob(f"lessons/{test_file.name[5:7]}_*.md"))
+        pages = [p for p in ENGLISH_LESSON_PAGES if p.name.startswith(test_file.name[5:7])]
         if not pages:
             continue
         html = (site.path / "lessons" / pages[0].stem / "index.html").read_text(encoding="utf-8")
@@ -332,6 +338,8 @@ def test_every_diagram_source_is_on_a_page_and_built(site):
     )
     for page in {page for page, _ in refs}:
         rel = page.relative_to(DOCS).with_suffix("")
+        if rel.suffix == ".zh":  # a Chinese page: zh/PAGE/index.html
+            rel = Path("zh") / rel.with_suffix("")
         # mkdocs writes page.md to page/index.html, and index.md to index.html.
         built = site.path / (rel.parent if rel.name == "index" else rel) / "index.html"
         html = built.read_text(encoding="utf-8")
@@ -636,17 +644,23 @@ def test_the_instructor_build_has_no_solution_line(request):
         if line in text
     ]
     assert not leaks, "the instructor build shows solution lines:\n" + "\n".join(leaks[:10])
-    lessons = {p.parent.name: t for p, t in pages.items() if p.parent.parent.name == "lessons"}
-    html = {p.parent.name: p.read_text(encoding="utf-8") for p in pages
+    # Each lesson page, English (lessons/NN_x) and Chinese (zh/lessons/NN_x).
+    lessons = {p.parent.relative_to(built.path).as_posix().removeprefix("lessons/"): t
+               for p, t in pages.items() if p.parent.parent.name == "lessons"}  # fmt: skip
+    html = {p.parent.relative_to(built.path).as_posix().removeprefix("lessons/"):
+            p.read_text(encoding="utf-8") for p in pages
             if p.parent.parent.name == "lessons"}  # fmt: skip
+    assert "zh/lessons/10_sharding" in html, sorted(html)
     for name, text in html.items():  # no empty tab or note is left where an answer was
-        assert ">Solution</label>" not in text, f"{name}: a Solution tab in the instructor build"
+        for tab in (">Solution</label>", ">参考答案</label>"):
+            assert tab not in text, f"{name}: a Solution tab in the instructor build"
         for gone in ("The whole reference script", "Reference solution", "Solution* tab",
                      "left out of this build"):  # fmt: skip
             assert gone not in lessons[name], f"{name}: the instructor build says {gone!r}"
     # Context that is no answer stays: lesson 10's training loop (plumbing the starter has).
     loop = "model = DDP(model, device_ids=gpu, **ranks.no_per_step_buffer_sync())"
     assert loop in lessons["10_sharding"], "lesson 10's training loop is gone"
+    assert loop in lessons["zh/lessons/10_sharding"], "the Chinese lesson 10's loop is gone"
     home = _page_text(built.path / "index.html")
     assert "python -m course hint NN" in home and "Solution* tab" not in home, (
         "the home page still sends students to a Solution tab"

@@ -132,11 +132,11 @@ def render_output(name: str) -> str:
     return f'{body}\n\n??? course-provenance "{summary}"\n\n    {detail}\n'
 
 
-def render_bench_figure(record: str, spec: str, root: Path = ROOT) -> str:
+def render_bench_figure(record: str, spec: str, root: Path = ROOT, lang: str = "en") -> str:
     """[[bench:FOLDER/FILE:KEY.FIELD]]: one figure of one row of a `course bench` record
     under docs/results (FILE without .json), e.g. [[bench:08_performance/b128:08.efficiency]];
     KEY.FIELD/KEY.FIELD is the ratio of two figures of the same record (one decimal), and a
-    list (window_samples_per_s) shows as its range."""
+    list (window_samples_per_s) shows as its range ("6,500 to 8,000"; in Chinese, 至)."""
     path = root / "docs" / "results" / f"{record}.json"
     if not path.is_file():
         raise PluginError(f"[[bench:{record}:{spec}]]: no record docs/results/{record}.json")
@@ -155,7 +155,7 @@ def render_bench_figure(record: str, spec: str, root: Path = ROOT) -> str:
         return f"{figure(top) / figure(bottom):.1f}"
     value = figure(spec)
     if isinstance(value, list):  # a row's timed windows: their range
-        return f"{min(value):,.0f} to {max(value):,.0f}"
+        return f"{min(value):,.0f} {'至' if lang == 'zh' else 'to'} {max(value):,.0f}"
     return f"{value:,.0f}" if isinstance(value, float) and value >= 100 else str(value)
 
 
@@ -174,14 +174,15 @@ def render_bandwidth_figure(record: str, name: str, root: Path = ROOT) -> str:
     return found[name]
 
 
-def render_inline(m: re.Match) -> str:
+def render_inline(m: re.Match, lang: str = "en") -> str:
+    """An inline reference, for a page in `lang` (en, or zh: a Chinese page's words)."""
     kind, a, b = m.group("kind"), m.group("a"), m.group("b")
     if kind == "bench":
-        return render_bench_figure(a, b)
+        return render_bench_figure(a, b, lang=lang)
     if kind == "bandwidth":
         return render_bandwidth_figure(a, b)
     if kind == "tolerance":
-        return render_tolerance_figure(a, b)
+        return render_tolerance_figure(a, b, lang=lang)
     if kind == "fact":
         facts = read_record(a)["facts"]
         if b not in facts:

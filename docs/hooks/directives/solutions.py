@@ -142,15 +142,19 @@ def _dedent_lone_tabs(lines: list[str]) -> list[str]:
     return out
 
 
+# The Solution tab's label on the English pages and on the Chinese ones (docs/*.zh.md).
+SOLUTION_TABS = ('=== "Solution"', '=== "参考答案"')
+
+
 def _drop_solution_tabs(markdown: str) -> str:
-    """Every `=== "Solution"` tab, header and body, whatever it shows: beside its Starter
-    tab, code that is no answer would only repeat it."""
+    """Every `=== "Solution"` tab (SOLUTION_TABS), header and body, whatever it shows:
+    beside its Starter tab, code that is no answer would only repeat it."""
     lines, out, skip = markdown.split("\n"), [], None
     for line in lines:
         depth = len(line) - len(line.lstrip())
         if skip is not None and (not line.strip() or depth > skip):
             continue
-        skip = depth if line.lstrip().startswith('=== "Solution"') else None
+        skip = depth if line.lstrip().startswith(SOLUTION_TABS) else None
         if skip is None:
             out.append(line)
     return "\n".join(out)

@@ -83,18 +83,29 @@ def _entry(doc: dict, key: str) -> dict:
     return entry
 
 
-def render_tolerance_figure(lesson: str, name: str, root: Path = ROOT) -> str:
+def render_tolerance_figure(lesson: str, name: str, root: Path = ROOT, lang: str = "en") -> str:
     """[[tolerance:NN:NAME]]: the bound and what the reference reached, to follow "within" or
-    "of": "1e-3 (the reference solution reached 4e-8 to 2.5e-4 over 12 seeds)"."""
+    "of": "1e-3 (the reference solution reached 4e-8 to 2.5e-4 over 12 seeds)"; on a Chinese
+    page (``lang="zh"``) the same figures in Chinese."""
     entry = _entry(_doc(root), f"{lesson}.{name}")
     low, high = entry.get("low"), entry.get("high")
+    to = " 至 " if lang == "zh" else " to "
     bound = (number(low, True) if _is_floor(entry) else number(high) if low is None
-             else f"{number(low)} to {number(high)}")  # fmt: skip
+             else f"{number(low)}{to}{number(high)}")  # fmt: skip
     count = len([s for s, values in entry.get("seen", {}).items() if values])
+    seen = reached(entry)
+    if lang == "zh":
+        seen = seen.replace(" to ", to).replace("not measured", "未测量")
+        over = (
+            f"{count} 次运行（旁边有 {entry['busy']} 个忙循环）"
+            if entry.get("busy")
+            else (f"{count} 个种子")
+        )
+        return f"{bound}（参考答案在 {over}上达到 {seen}）"
     over = (
         f"{count} runs beside {entry['busy']} busy loops" if entry.get("busy") else f"{count} seeds"
     )
-    return f"{bound} (the reference solution reached {reached(entry)} over {over})"
+    return f"{bound} (the reference solution reached {seen} over {over})"
 
 
 def render_tolerances(lesson: str, root: Path = ROOT) -> str:
