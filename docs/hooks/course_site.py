@@ -139,6 +139,11 @@ DIRECTIVES = {
 }
 
 
+# The directives whose words follow the page's language (the rest show code, records and
+# test names, the same on both sides).
+IN_THE_PAGES_LANGUAGE = {"lesson-card", "lessons-table", "hints"}
+
+
 def expand(markdown: str, src_uri: str) -> str:
     page_dir = src_uri.rsplit("/", 1)[0] if "/" in src_uri else ""
     lang = "zh" if src_uri.endswith(translation.SUFFIX) else "en"
@@ -153,8 +158,9 @@ def expand(markdown: str, src_uri: str) -> str:
         counts, render, wants_page = DIRECTIVES[name]
         if len(args) not in counts:
             raise PluginError(f"{src_uri}: malformed directive {m.group(0)!r}")
+        words = {"lang": lang} if name in IN_THE_PAGES_LANGUAGE else {}
         try:
-            return render(*args, page_dir) if wants_page else render(*args)
+            return render(*args, page_dir, **words) if wants_page else render(*args, **words)
         except PluginError as exc:
             raise PluginError(f"{src_uri}: {exc}") from exc
 

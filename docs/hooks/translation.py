@@ -278,6 +278,13 @@ def main(argv: list[str]) -> int:
             for problem in problems:
                 print(f"broken   {_rel(path)}: {problem}")
             bad = True
+        from directives import hints  # the lessons' titles and summaries (lessons.zh.yml)
+
+        from course.registry import LESSONS
+
+        for problem in hints.lesson_translation_problems(LESSONS, hints.chinese_lessons()):
+            print(f"lesson   docs/hooks/lessons.zh.yml: {problem}")
+            bad = True
         if not bad:
             print(f"{len(english_pages())} pages, each translated, current and in parity")
         return int(bad)

@@ -43,8 +43,9 @@ def render_terms(path: Path = TERMS) -> str:
     return "\n".join(rows) + "\n"
 
 
-CODE = re.compile(r"^([ \t]*)```.*?^\1```[ \t]*$|`[^`\n]*`|<!--.*?-->|\[\[[^\]]*\]\]|\([^)\s]*\)",
-                  re.M | re.S)  # fmt: skip
+# A fenced block (closed by as many backticks at the same indent: ```` may hold ```).
+FENCED = re.compile(r"^([ \t]*)(`{3,}).*?^\1\2[ \t]*$", re.M | re.S)
+CODE = re.compile(FENCED.pattern + r"|`[^`\n]*`|<!--.*?-->|\[\[[^\]]*\]\]|\([^)\s]*\)", re.M | re.S)
 
 
 def prose(markdown: str) -> str:
