@@ -65,10 +65,12 @@ pages that have a diagram.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
 
+from mkdocs import plugins
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File
 
@@ -205,9 +207,34 @@ def on_config(config):
     return config
 
 
+@plugins.event_priority(-110)  # after mkdocs-static-i18n's on_files (-100): see below
 def on_files(files, config):
+    _notebooks_again(files, config)
     files.append(File.generated(config, MERMAID_DEST, abs_src_path=str(find_mermaid_js())))
     return files
+
+
+def _notebooks_again(files, config) -> None:
+    """mkdocs-static-i18n makes every file anew, as a plain File, after mkdocs-jupyter made
+    the notebooks pages: a notebook would be copied to its page as text. Each is made a
+    notebook page again (in the Chinese build, under zh/: notebooks are code, shared)."""
+    jupyter = config.plugins.get("mkdocs-jupyter")
+    if jupyter is None:
+        return
+    from mkdocs_jupyter.plugin import NotebookFile
+
+    for file in list(files):
+        if isinstance(file, NotebookFile) or not jupyter.should_include(file):
+            continue
+        page = NotebookFile(file, **config)
+        i18n = config.plugins.get("i18n")
+        lang = getattr(i18n, "current_language", None)
+        if lang and lang != i18n.default_language:  # the Chinese build
+            page.dest_path = f"{lang}/{page.dest_path}"
+            page.abs_dest_path = os.path.normpath(os.path.join(config.site_dir, page.dest_path))
+            page.url = f"{lang}/{page.url}"
+        files.remove(file)
+        files.append(page)
 
 
 def on_page_content(html, page, config, files):
