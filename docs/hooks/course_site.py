@@ -81,6 +81,7 @@ for _path in (ROOT, HOOKS):  # the course package (installed or not), and ./dire
         sys.path.insert(0, str(_path))
 
 import translation  # noqa: E402  (docs/hooks/translation.py: the Chinese pages)
+from directives import terms  # noqa: E402
 from directives.grading import render_grading  # noqa: E402
 from directives.hints import render_hints, render_lesson_card, render_lessons_table  # noqa: E402
 from directives.lesson_figures import (  # noqa: E402
@@ -199,11 +200,16 @@ def expand(markdown: str, src_uri: str) -> str:
         raise PluginError(f"{src_uri}: {exc}") from exc
 
 
+@plugins.event_priority(100)  # before the search plugin's on_config loads jieba's words
 def on_config(config):
-    """solutions/ is watched where the checkout has it (mkdocs.yml's watch must exist)."""
+    """solutions/ is watched where the checkout has it (mkdocs.yml's watch must exist); and
+    jieba, which cuts the Chinese pages into words for search, knows the glossary's terms."""
     solutions = ROOT / "solutions"
     if solutions.is_dir() and str(solutions) not in config.watch:
         config.watch.append(str(solutions))
+    search = config.plugins.get("material/search")
+    if search is not None and not search.config.get("jieba_dict_user"):
+        search.config["jieba_dict_user"] = str(terms.jieba_words())
     return config
 
 

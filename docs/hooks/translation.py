@@ -259,35 +259,21 @@ def _rel(path: Path) -> str:
 
 def main(argv: list[str]) -> int:
     usage = "usage: python docs/hooks/translation.py status | ids PAGE.md | stamp PAGE.md"
-    if (
-        not argv
-        or argv[0] not in ("status", "ids", "stamp")
-        or len(argv) != (1 if argv[0] == "status" else 2)
-    ):
+    if argv[:1] not in (["status"], ["ids"], ["stamp"]) or len(argv) != 2 - (argv[0] == "status"):
         print(usage, file=sys.stderr)
         return 2
     if argv[0] == "status":
-        bad = False
-        for path in missing():
-            print(f"missing  {_rel(chinese_of(path))}")
-            bad = True
-        for path in stale():
-            print(f"stale    {_rel(path)} (its English changed: review, then stamp)")
-            bad = True
-        for path, problems in broken().items():
-            for problem in problems:
-                print(f"broken   {_rel(path)}: {problem}")
-            bad = True
         from directives import hints  # the lessons' titles and summaries (lessons.zh.yml)
 
         from course.registry import LESSONS
 
-        for problem in hints.lesson_translation_problems(LESSONS, hints.chinese_lessons()):
-            print(f"lesson   docs/hooks/lessons.zh.yml: {problem}")
-            bad = True
-        if not bad:
-            print(f"{len(english_pages())} pages, each translated, current and in parity")
-        return int(bad)
+        lines = [f"missing  {_rel(chinese_of(p))}" for p in missing()]
+        lines += [f"stale    {_rel(p)} (its English changed: review, then stamp)" for p in stale()]
+        lines += [f"broken   {_rel(p)}: {x}" for p, xs in broken().items() for x in xs]
+        lessons = hints.lesson_translation_problems(LESSONS, hints.chinese_lessons())
+        lines += [f"lesson   docs/hooks/lessons.zh.yml: {x}" for x in lessons]
+        print("\n".join(lines or [f"{len(english_pages())} pages: translated, current, in parity"]))
+        return int(bool(lines))
     english = (ROOT / argv[1]).resolve()
     if english.name.endswith(SUFFIX):
         english = english_of(english)

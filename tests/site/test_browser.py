@@ -480,6 +480,9 @@ def test_search_finds_a_chinese_page_by_a_chinese_word(offline, base_url, artifa
     page.goto(base_url + "zh/")
     page.locator("input.md-search__input").click()
     page.keyboard.type("流水线", delay=20)
+    # Chinese characters arrive as text input, with no key released; Material reads the query
+    # on keyup, as when a reader's input method commits the word with a key.
+    page.keyboard.press("End")
     hit = page.locator(".md-search-result__item a[href*='zh/lessons/1']")
     hit.first.wait_for(state="visible")
     assert "流水线" in page.locator(".md-search-result").inner_text()

@@ -3,7 +3,9 @@ that the Chinese pages use them (tests/site/test_translation.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,19 @@ def render_terms(path: Path = TERMS) -> str:
         zh = f"{term.zh}（保留英文）" if term.kept else term.zh
         rows.append(f"| {term.en} | {zh} | {term.note} |")
     return "\n".join(rows) + "\n"
+
+
+def jieba_words(path: Path = TERMS) -> Path:
+    """A jieba user dictionary of the Chinese terms (微批次, 流水线并行, ...), so that search
+    indexes each as one word, as a reader types it; written beside the system's temporary
+    files, named by its content."""
+    words = sorted({t.zh for t in load(path) if re.fullmatch(r"[\u4e00-\u9fff]+", t.zh)})
+    text = "".join(f"{word} 100000\n" for word in words)
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+    out = Path(tempfile.gettempdir()) / f"course-jieba-{digest}.txt"
+    if not out.exists():
+        out.write_text(text, encoding="utf-8")
+    return out
 
 
 # A fenced block (closed by as many backticks at the same indent: ```` may hold ```).
