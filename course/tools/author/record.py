@@ -127,14 +127,23 @@ def get(name: str) -> Recording:
     raise ValueError(f"no recording {name!r}; known: {known}")
 
 
-# The CPU kernels PyTorch and oneDNN pick depend on the processor's vector instructions.
-# Every recording and its check run with the AVX2 kernels, which every x86-64 machine of
-# the last decade has, and with one thread per process whatever the caller's
-# OMP_NUM_THREADS says (course.launch pins it). That narrows what the processor changes, and does
-# not remove it: on an AMX Xeon lesson 01's epoch-3 test accuracy was 96.66 %, on the
-# processor of the earlier records 97.49 %, both pinned. A record names its processor,
-# and tests/site/test_recorded_outputs.py allows a measured wider band on another one.
-PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# The CPU kernels PyTorch and oneDNN pick depend on the processor's vector instructions,
+# and the environment caps them: KERNELS names each set. Every recording and its check run
+# with the AVX2 kernels, which every x86-64 machine of the last decade has, and with one
+# thread per process whatever the caller's OMP_NUM_THREADS says (course.launch pins it).
+# That narrows what the processor changes, and does not remove it: on an AMX Xeon lesson
+# 01's epoch-3 test accuracy was 96.66 %, on the processor of the records 97.49 %, both
+# pinned; the `default` kernels print the Xeon's figures on the records' processor. So the
+# suite checks each record with its own kernels and with OTHER_KERNELS, which every x86-64
+# processor runs: what another processor would print, seen on one machine
+# (course/tools/author/agreement.py says how far each kind of figure may move).
+KERNELS = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "default": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
+}
+PINNED_ENV = KERNELS["avx2"]
+OTHER_KERNELS = "default"
 
 
 def capability_note(environ, capability: str) -> str | None:
@@ -161,13 +170,13 @@ def say_capability() -> None:
             print(note, flush=True)
 
 
-def run(recording: Recording, cwd: Path) -> launch.RunResult:
+def run(recording: Recording, cwd: Path, kernels: str = "avx2") -> launch.RunResult:
     """Run the recording's command with one CPU thread per process, so that the
     figures do not depend on the machine's core count (the order of a parallel
-    sum does), and with PINNED_ENV's kernels; into a file, the lessons draw no
-    progress bars."""
+    sum does), and with KERNELS[kernels] (PINNED_ENV's, unless the suite asks what
+    another processor's would print); into a file, the lessons draw no progress bars."""
     start = launch.run_torchrun if recording.torchrun else launch.run
-    env = {**PINNED_ENV, **dict(recording.env)}
+    env = {**KERNELS[kernels], **dict(recording.env)}
     if not recording.gpus:  # a CPU recording stays one where GPUs are visible (device auto)
         env["CUDA_VISIBLE_DEVICES"] = ""
     if recording.stacks:
