@@ -68,7 +68,8 @@ where a new helper goes (tests/course/test_layout.py checks this map against the
                      (course memory), find_unused, planning (course plan), plan_here
                      (this machine's side) and planner (presets, search), bench/
     instructor/      grade_class, autograder, classroom, grading_cost
-    author/          release, sizes, record (runs recording_catalogue, recordings_late), figures,
+    author/          release, sizes, record (runs recording_catalogue, recordings_late;
+                     agreement: how its check compares figures), figures,
                      measure_tolerances (course tolerances) and tolerance_store (its
                      record), mutants, durations, schedules, compositions, zero_stages
 
