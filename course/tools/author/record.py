@@ -52,6 +52,8 @@ VOLATILE = [
     (re.compile(r"(forward|step) -?\d+ to -?\d+ us"), r"\1 N to N us"),
     (re.compile(r" *-?\d+ us\b"), " N us"),  # the padding too: widths vary
     (re.compile(r"[+-][\d.]+ % a step"), "N % a step"),
+    # the GPU's model, which a record on GPUs names: another model prints the same claims
+    (re.compile(r"\bon (?:NVIDIA|AMD) [^,\n]+"), "on GPU"),
     # lesson 12: a step's time, in checkpoint.py's sweep (its last column) and ring.py's lines
     (
         re.compile(r"^(\s*\d+\s+(?:none|full|selective|hand)(?:\s+[\d.]+){3})\s+[\d.]+$", re.M),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from course import REPO_ROOT, launch
 from course.tools.student import plan_here, planning
 
@@ -25,8 +27,9 @@ def _one_line_error(run, *words: str) -> None:
 
 def test_predict_prices_every_shape_and_writes_a_record(tmp_path):
     out = tmp_path / "plan.json"
+    # gloo: every shape runs here, whatever GPUs the machine has (the nccl case is below)
     run = _plan("--predict", "--impl", "solutions", "--bandwidth", BANDWIDTH, "--dim", "32",
-                "--seq", "8", "--out", str(out))  # fmt: skip
+                "--seq", "8", "--backend", "gloo", "--out", str(out))  # fmt: skip
     assert run.ok, run.describe()
     doc = json.loads(out.read_text())
     assert doc["kind"] == planning.KIND and doc["model"]["dim"] == 32
@@ -41,6 +44,26 @@ def test_predict_prices_every_shape_and_writes_a_record(tmp_path):
     assert rows["11"]["predicted"]["tp"] > 0 and rows["11"]["predicted"]["bubble"] > 0
     assert doc["provenance"]["bandwidth"] == BANDWIDTH
     assert run.output.count("predicted") == len(planning.SHAPES)
+
+
+@pytest.mark.gpus(1)
+def test_on_gpus_a_shape_that_needs_more_is_skipped_and_says_so(tmp_path):
+    """nccl, one rank a GPU: the shapes this machine has GPUs for are priced, the others are
+    skipped with the count they need, and carry no prediction."""
+    from course.runtime import visible_gpus
+
+    out = tmp_path / "plan.json"
+    run = _plan("--predict", "--impl", "solutions", "--dim", "32", "--seq", "8",
+                "--backend", "nccl", "--out", str(out))  # fmt: skip
+    assert run.ok, run.describe()
+    rows = json.loads(out.read_text())["rows"]
+    gpus = visible_gpus()
+    for row in rows:
+        fits = row["world"] <= gpus
+        assert ("predicted" in row) == fits and ("skipped" in row) != fits, row
+        if not fits:
+            assert f"needs {row['world']} GPUs; this machine has {gpus}" == row["skipped"]
+    assert any("predicted" in row for row in rows), rows  # lesson 01's one rank, at least
 
 
 def test_measure_times_a_pipeline_shape():
