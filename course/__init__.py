@@ -71,7 +71,9 @@ where a new helper goes (tests/course/test_layout.py checks this map against the
     author/          release, sizes, record (runs recording_catalogue, recordings_late;
                      agreement: how its check compares figures), figures,
                      measure_tolerances (course tolerances) and tolerance_store (its
-                     record), mutants, durations, schedules, compositions, zero_stages
+                     record), mutants, mutate (course mutate: cosmic-ray, with the
+                     mutation_operators plugin, each mutant graded by mutant_grade),
+                     durations, schedules, compositions, zero_stages
 
 The rules are tested (tests/course/test_layout.py): lessons import only the top level;
 the top level holds only what they import and the registry, and imports nothing below it;

@@ -238,6 +238,9 @@ VERBS = (
     Verb("compositions", AUTHOR, "author.compositions",
          "lesson 14: four meshes' curves, a resume, collectives by axis",
          errors=(ValueError, RuntimeError)),
+    Verb("mutate", AUTHOR, "author.mutate",
+         "the mutation engine on a lesson, each mutant at K seeds",
+         errors=(ValueError, RuntimeError)),
 )  # fmt: skip
 BY_NAME = {verb.name: verb for verb in VERBS}
 

