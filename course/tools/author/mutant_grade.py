@@ -47,8 +47,9 @@ def command(lesson, impl: str, file: str) -> list[str]:
     return words
 
 
-def main(argv: list[str] | None = None) -> int:
-    number, impl, file, seeds, deadline = argv if argv is not None else sys.argv[1:]
+def grade(argv: list[str]) -> int:
+    """The test command's work (not a verb of its own: `course mutate` runs it)."""
+    number, impl, file, seeds, deadline = argv
     lesson = registry.get(number)
     verdicts, first = {}, ""
     for seed in seeds.split(","):
@@ -75,4 +76,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(grade(sys.argv[1:]))
