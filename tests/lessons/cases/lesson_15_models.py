@@ -163,14 +163,20 @@ def best_tp(c: Config, hw: dict) -> int:
 # --- the hidden configurations, drawn from the grading seed ------------------------------
 
 
+# Seeds vary values, never coverage (tests/lessons/test_15_planning.py's draw test checks
+# every family below at many seeds, without grading): every draw counts both schedules, a
+# middle stage, tp = 1 and a tp other than 2; times dp = 1, tp = 1 and tp inside and across
+# nodes; and asks the questions of a pipeline and of a batch that does not split.
 def counted_configs() -> list[tuple[Config, int]]:
     """Four meshes of 64 to 1024 ranks, each with the rank counted: stages of unequal
     depth, vocabularies and widths that do not split evenly over dp (padding, ranks with
-    fewer rows or none), both schedules, more micro-batches than stages and fewer."""
+    fewer rows or none), both schedules, more micro-batches than stages and fewer, a middle
+    stage, tp = 1."""
     r = draws.generator("15.counted")
     found = []
     dp = r.choice([32, 64])
     m = r.choice([2, 4, 8])
+    first, other = r.sample(["gpipe", "1f1b"], 2)  # both schedules, in a drawn order
     found.append(
         (
             Config(
@@ -183,13 +189,12 @@ def counted_configs() -> list[tuple[Config, int]]:
                 seq=r.choice([8, 16]),
                 micro_batches=m,
                 batch=dp * m,
-                schedule=r.choice(["gpipe", "1f1b"]),
+                schedule=first,
             ),
             r.randrange(1024),
         )
     )
-    dp = r.choice([64, 128])
-    tp = 256 // (2 * dp)
+    dp, tp = 128, 1  # tp = 1: no tensor-parallel traffic, whole blocks on each rank
     config = Config(
         pp=2,
         dp=dp,
@@ -200,7 +205,7 @@ def counted_configs() -> list[tuple[Config, int]]:
         seq=8,
         micro_batches=2,
         batch=2 * dp,
-        schedule=r.choice(["gpipe", "1f1b"]),
+        schedule=other,
     )
     last = (dp - 1) * tp + r.randrange(tp) + r.randrange(2) * dp * tp  # the last dp rank
     found.append((config, last))
@@ -238,7 +243,7 @@ def counted_configs() -> list[tuple[Config, int]]:
                 batch=dp * m,
                 schedule=r.choice(["gpipe", "1f1b"]),
             ),
-            r.randrange(6 * dp),
+            r.randrange(2 * dp, 4 * dp),  # stage 1 of 3: a middle stage, sends both ways
         )
     )
     return found  # fmt: skip
@@ -256,7 +261,9 @@ def timed_configs() -> list[tuple[Config, dict]]:
     somewhere, tp inside a node and across nodes."""
     r = draws.generator("15.timed")
     found = []
-    for pp, dp, tp in [(4, 16, 4), (2, 8, 16), (1, 64, 2), (8, 4, 8)]:
+    schedules = r.sample(["gpipe", "1f1b"], 2)  # the first two pipelines: one of each
+    shapes = [(4, 16, 4), (2, 8, 16), (1, 64, 2), (8, 4, 8), (2, 1, 8), (4, 8, 1)]
+    for i, (pp, dp, tp) in enumerate(shapes):
         m = r.choice([1, 4, 8, 16])
         dim = r.choice([1024, 2048, 4096])
         found.append(
@@ -271,7 +278,7 @@ def timed_configs() -> list[tuple[Config, dict]]:
                     seq=r.choice([1024, 4096]),
                     micro_batches=m,
                     batch=dp * m * r.choice([1, 2]),
-                    schedule=r.choice(["gpipe", "1f1b"]),
+                    schedule=schedules[i] if i < 2 else r.choice(["gpipe", "1f1b"]),
                 ),
                 hardware(r),
             )
@@ -300,6 +307,9 @@ def questions() -> dict:
         for _ in range(3)
     ]
     bound[0] = (Config(**{**bound[0][0].__dict__, "seq": 4096, "batch": 8 * 16}), bound[0][1])
+    # a pipeline: two stages of four micro-batches, each rank's share kept as dp grows
+    piped = {"pp": 2, "micro_batches": 4, "batch": 8 * 4 * r.choice([1, 2, 4])}
+    bound[1] = (Config(**{**bound[1][0].__dict__, **piped}), bound[1][1])
     tp = [
         (
             Config(
@@ -316,6 +326,8 @@ def questions() -> dict:
         )
         for _ in range(3)
     ]
+    # a batch that does not split over every dp: at tp = 1 (dp = all the ranks) it does not
+    tp[1] = (Config(**{**tp[1][0].__dict__, "batch": 3 * tp[1][0].dp // 2}), tp[1][1])
     return {"pipelines": pipelines, "bound": bound, "tp": tp}  # fmt: skip
 
 

@@ -1,0 +1,66 @@
+"""Seeds vary values, never coverage: at any grading seed, a lesson's hidden configurations
+include every case family its mistakes need, so a wrong solution fails at every seed. Each
+family is checked at 500 seeds, drawing only (no grading).
+
+Lesson 15 (tests/lessons/cases/lesson_15_models.py): both schedules, a middle stage, tp = 1
+and a tp other than 2 (at tp = 2, 2(n - 1)/n = 1 hides a factor) among the counted ranks;
+dp = 1, tp = 1 and tp within and across a node among the timed models; a pipeline and a
+batch that does not split over every dp in the questions.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from course.grader import draws
+
+CASES = Path(__file__).parents[2] / "lessons" / "cases"
+sys.path.insert(0, str(CASES))
+import lesson_15_models as m  # noqa: E402
+
+sys.path.remove(str(CASES))
+
+SEEDS = range(1, 501)
+
+
+def _families_15() -> dict[str, bool]:
+    counted = m.counted_configs()
+    timed = m.timed_configs()
+    q = m.questions()
+    stages = [m.placed(c, rank)[0] for c, rank in counted]
+    splits = [
+        all(c.batch % (ranks // tp * c.micro_batches) == 0 for tp in (1, 2, 4, 8) if tp <= ranks)
+        for c, _ in q["tp"]
+        for ranks in [c.tp * c.dp]
+    ]
+    return {
+        "counted: GPipe": any(c.schedule == "gpipe" and c.pp > 1 for c, _ in counted),
+        "counted: 1F1B": any(c.schedule == "1f1b" and c.pp > 1 for c, _ in counted),
+        "counted: a middle stage": any(
+            0 < s < c.pp - 1 for (c, _), s in zip(counted, stages, strict=True)
+        ),
+        "counted: tp = 1": any(c.tp == 1 for c, _ in counted),
+        "counted: a tp other than 1 and 2": any(c.tp > 2 for c, _ in counted),
+        "timed: dp = 1": any(c.dp == 1 for c, _ in timed),
+        "timed: tp = 1": any(c.tp == 1 for c, _ in timed),
+        "timed: tp within a node": any(1 < c.tp <= hw["gpus_per_node"] for c, hw in timed),
+        "timed: tp across nodes": any(c.tp > hw["gpus_per_node"] for c, hw in timed),
+        "timed: both schedules": {c.schedule for c, _ in timed if c.pp > 1} == {"gpipe", "1f1b"},
+        "questions: a pipeline": any(c.pp > 1 for c, _ in q["bound"] + q["tp"]),
+        "questions: a batch that does not split": not all(splits),
+    }
+
+
+@pytest.mark.parametrize("family", list(_families_15()))
+def test_lesson_15_draws_every_family_at_every_seed(monkeypatch, family):
+    missing = []
+    for seed in SEEDS:
+        monkeypatch.setenv(draws.SEED_ENV, str(seed))
+        if not _families_15()[family]:
+            missing.append(seed)
+    assert not missing, (
+        f"lesson 15's draws lack {family!r} at seeds {missing[:10]} (of {len(SEEDS)})"
+    )
