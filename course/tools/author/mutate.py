@@ -142,7 +142,7 @@ def _test_command(lesson, impl: Path, file: str, seeds: list[int], deadline: flo
     return shlex.join(words)
 
 
-def _grade_one(cr, copies: queue.Queue, lesson, case: dict, seeds, deadline) -> dict:
+def _grade_one(copies: queue.Queue, lesson, case: dict, seeds, deadline) -> dict:
     from cosmic_ray.mutating import mutate_and_test
     from cosmic_ray.work_item import MutationSpec
 
@@ -172,9 +172,10 @@ def _verdict(output: str) -> dict:
 
 
 def run(number: str, jobs: int, seeds: list[int], only: list[str] | None = None,
-        limit: int = 0, equivalents: dict | None = None) -> dict:  # fmt: skip
-    """Mutate and grade lesson `number`; the record."""
-    cr = engine()
+        limit: int = 0, equivalents: dict | None = None, save=None) -> dict:  # fmt: skip
+    """Mutate and grade lesson `number`; the record. `save(record)` is called after each
+    mutant with the record so far (a run stopped halfway keeps what it graded)."""
+    engine()
     lesson = registry.get(number)
     files = [f for f in (lesson.exercises or (lesson.script,)) if not only or f in only]
     cases = [
@@ -190,19 +191,19 @@ def run(number: str, jobs: int, seeds: list[int], only: list[str] | None = None,
             copies.put(Path(tmp) / f"w{k}")
         results = []
         with ThreadPoolExecutor(jobs) as pool:
-            todo = [pool.submit(_grade_one, cr, copies, lesson, c, seeds, deadline)
+            todo = [pool.submit(_grade_one, copies, lesson, c, seeds, deadline)
                     for c in cases if _key(c) not in equivalents]  # fmt: skip
             for i, future in enumerate(todo, 1):
                 r = future.result()
                 results.append(r)
                 print(f"[{i}/{len(todo)}] {r['outcome']:<9} {r['file']}:{r['line']} "
                       f"{r['operator']}: {r['after'][:60]}", flush=True)  # fmt: skip
+                if save is not None:
+                    save(record(lesson, files, seeds, results, planned=len(cases)))
     for c in cases:
         if _key(c) in equivalents:
             results.append({**c, "outcome": "equivalent", "reason": equivalents[_key(c)]})
-    return record(
-        lesson, files, seeds, results, cr.__version__ if hasattr(cr, "__version__") else ""
-    )
+    return record(lesson, files, seeds, results, planned=len(cases))
 
 
 def declared(number: str) -> dict[str, str]:
@@ -229,7 +230,7 @@ def _deadline(lesson) -> float:
     return max(120.0, 4 * seconds)
 
 
-def record(lesson, files, seeds, results, version) -> dict:
+def record(lesson, files, seeds, results, planned: int) -> dict:
     from importlib import metadata
 
     counts = {o: sum(r["outcome"] == o for r in results)
@@ -239,7 +240,7 @@ def record(lesson, files, seeds, results, version) -> dict:
         "kind": KIND,
         "lesson": lesson.number,
         "engine": "cosmic-ray",
-        "version": version or metadata.version("cosmic-ray"),
+        "version": metadata.version("cosmic-ray"),
         "operators": list(OPERATORS),
         "files": {
             f: {
@@ -250,22 +251,17 @@ def record(lesson, files, seeds, results, version) -> dict:
         },  # fmt: skip
         "seeds": seeds,
         "counts": counts,
+        "planned": planned,  # mutants made; fewer in `mutants` where the run was stopped
         "score": round(100 * counts["killed"] / graded, 1) if graded else None,
         "mutants": sorted(results, key=lambda r: (r["file"], r["line"], r["operator"])),
         "provenance": {
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": f"python -m course mutate {lesson.number} --seeds {len(seeds)}",
             "cpus": str(os.cpu_count()),
-            "torch": _torch_version(),
+            "torch": metadata.version("torch"),
             "python": sys.version.split()[0],
         },
     }
-
-
-def _torch_version() -> str:
-    import torch
-
-    return torch.__version__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,8 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     seeds = [random.randrange(1, 10**6) for _ in range(args.seeds)]
     print(f"lesson {lesson.number}: grading seeds {seeds} (COURSE_GRADE_SEED)", flush=True)
-    doc = run(lesson.number, args.jobs, seeds, args.only, args.limit, declared(lesson.number))
     out = Path(args.out) if args.out else FOLDER / f"mutation-{lesson.number}.json"
-    atomic.write_json(doc, out, indent=1)
+
+    def save(doc: dict) -> None:
+        atomic.write_json(doc, out, indent=1)
+
+    doc = run(lesson.number, args.jobs, seeds, args.only, args.limit, declared(lesson.number), save)
+    save(doc)
     print(f"wrote {out}: {doc['counts']}, score {doc['score']} %")
     return 0
