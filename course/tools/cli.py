@@ -240,7 +240,7 @@ VERBS = (
          errors=(ValueError, RuntimeError)),
     Verb("mutate", AUTHOR, "author.mutate",
          "the mutation engine on a lesson, each mutant at K seeds",
-         errors=(ValueError, RuntimeError)),
+         errors=(ValueError, RuntimeError, LookupError)),
 )  # fmt: skip
 BY_NAME = {verb.name: verb for verb in VERBS}
 

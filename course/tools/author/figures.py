@@ -47,6 +47,7 @@ MADE_BY = {  # a record's `kind` -> the course verb that writes it
     "course-record": "record",
     "course-grading-cost": "grading-cost",
     "course-tolerances": "tolerances",
+    "course-mutation": "mutate",
 }
 
 

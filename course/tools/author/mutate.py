@@ -1,8 +1,6 @@
 """The grader measured by a mutation engine: `python -m course mutate NN [--jobs N] [--seeds K]`.
 
-    python -m course mutate 15                  # every mutant of lesson 15, 2 seeds, all cores
-    python -m course mutate 12 --jobs 16 --seeds 3 --only ring.py
-    python -m course mutate 13 --list           # the mutants, without grading them
+    python -m course mutate 12 --jobs 16 --seeds 3 --only ring.py   # --list: no grading
 
 The engine is cosmic-ray (its operators, its mutation of a file and its test run), with the
 course's own operators as its plugin (course/tools/author/mutation_operators.py). It
@@ -114,11 +112,8 @@ def mutants(path: Path) -> list[dict]:
 
 def _changed(old: str, new: str) -> tuple[str, str]:
     """The first changed line, before and after (stripped), for the record."""
-    a, b = old.splitlines(), new.splitlines()
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            return x.strip(), y.strip()
-    return "", ""
+    pairs = zip(old.splitlines(), new.splitlines(), strict=False)
+    return next(((x.strip(), y.strip()) for x, y in pairs if x != y), ("", ""))
 
 
 def blob(path: Path) -> str:
@@ -264,23 +259,27 @@ def record(lesson, files, seeds, results, planned: int) -> dict:
     }
 
 
+def parser():
+    from course.options import ArgumentParser
+
+    p = ArgumentParser(prog="python -m course mutate", description=__doc__.split("\n")[0])
+    p.add_argument("lesson", help="the lesson's number")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants at once")
+    p.add_argument("--seeds", type=int, default=2, help="grading seeds, each must reject")
+    p.add_argument("--only", nargs="*", help="only these files of the lesson")
+    p.add_argument("--limit", type=int, default=0, help="at most this many mutants")
+    p.add_argument("--list", action="store_true", help="list the mutants, grade none")
+    p.add_argument("--out", help="the record (default docs/results/grading/mutation-NN.json)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     import random
 
-    from course.options import ArgumentParser
-
-    parser = ArgumentParser(prog="python -m course mutate", description=__doc__.split("\n")[0])
-    parser.add_argument("lesson", help="the lesson's number")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants at once")
-    parser.add_argument("--seeds", type=int, default=2, help="grading seeds, each must reject")
-    parser.add_argument("--only", nargs="*", help="only these files of the lesson")
-    parser.add_argument("--limit", type=int, default=0, help="at most this many mutants")
-    parser.add_argument("--list", action="store_true", help="list the mutants, grade none")
-    parser.add_argument("--out", help="the record (default docs/results/grading/mutation-NN.json)")
-    args = parser.parse_args(argv)
+    args = (p := parser()).parse_args(argv)
     lesson = registry.get(args.lesson)
     if args.seeds < 1 or args.jobs < 1:
-        parser.error("--seeds and --jobs must be at least 1")
+        p.error("--seeds and --jobs must be at least 1")
     if args.list:
         for f in lesson.exercises or (lesson.script,):
             if not args.only or f in args.only:

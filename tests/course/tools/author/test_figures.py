@@ -15,7 +15,7 @@ from course.tools.author import figures
 
 def parses(verb: str, args: list[str]) -> None:
     """The verb's own parser accepts the arguments the figure would be made with."""
-    from course.tools.author import compositions, measure_tolerances, schedules
+    from course.tools.author import compositions, measure_tolerances, mutate, schedules
     from course.tools.instructor import grading_cost
     from course.tools.student import bandwidth, bench, planning, timeline
 
@@ -25,6 +25,7 @@ def parses(verb: str, args: list[str]) -> None:
     parser["plan"] = planning.parser
     parser["grading-cost"] = grading_cost.parser
     parser["tolerances"] = measure_tolerances.parser
+    parser["mutate"] = mutate.parser
     try:
         parser[verb]().parse_args(args)
     except SystemExit as exc:
