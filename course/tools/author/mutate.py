@@ -12,9 +12,8 @@ killed only if the grade rejects it at every seed; one seed that passes it is a 
 
 It writes docs/results/grading/mutation-NN.json: the engine and its version, the operators,
 each solution file's hash and last commit, the seeds, and each mutant with its outcome:
-killed, survived, equivalent (declared in tests/mutants/equivalents.py, with the reason)
-or timeout. The suite checks only that each record matches today's solution files; the
-engine never runs in CI (it grades a lesson hundreds of times).
+killed, survived, equivalent (tests/mutants/equivalents.py, with the reason) or timeout.
+CI checks only that each record matches today's solutions; the engine never runs there.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
 from pathlib import Path
 
 from course import REPO_ROOT, atomic, registry
@@ -226,8 +226,6 @@ def _deadline(lesson) -> float:
 
 
 def record(lesson, files, seeds, results, planned: int) -> dict:
-    from importlib import metadata
-
     counts = {o: sum(r["outcome"] == o for r in results)
               for o in ("killed", "survived", "equivalent", "timeout", "error")}  # fmt: skip
     graded = counts["killed"] + counts["survived"] + counts["timeout"] + counts["error"]
@@ -249,14 +247,17 @@ def record(lesson, files, seeds, results, planned: int) -> dict:
         "planned": planned,  # mutants made; fewer in `mutants` where the run was stopped
         "score": round(100 * counts["killed"] / graded, 1) if graded else None,
         "mutants": sorted(results, key=lambda r: (r["file"], r["line"], r["operator"])),
-        "provenance": {
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": f"python -m course mutate {lesson.number} --seeds {len(seeds)}",
-            "cpus": str(os.cpu_count()),
-            "torch": metadata.version("torch"),
-            "python": sys.version.split()[0],
-        },
+        "provenance": provenance(lesson.number, seeds),
     }
+
+
+def provenance(number: str, seeds: list[int]) -> dict:
+    import course
+
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": f"python -m course mutate {number} --seeds {len(seeds)}",
+            "cpus": str(os.cpu_count()), "torch": metadata.version("torch"),
+            "python": sys.version.split()[0], "course": course.__version__}  # fmt: skip
 
 
 def parser():

@@ -136,7 +136,7 @@ def test_run_makes_what_the_cpu_can_and_says_what_it_skips():
 def test_every_record_writer_names_the_course_version_in_its_provenance():
     """A figure says which version of the course made it (the results page's last column)."""
     import course
-    from course.tools.author import compositions, measure_tolerances, record, schedules
+    from course.tools.author import compositions, measure_tolerances, mutate, record, schedules
     from course.tools.instructor import grading_cost
     from course.tools.student import bandwidth, planning, timeline
     from course.tools.student.bench.catalogue import Settings
@@ -153,6 +153,7 @@ def test_every_record_writer_names_the_course_version_in_its_provenance():
         "record": record.provenance(),
         "grading-cost": grading_cost.provenance([]),
         "tolerances": measure_tolerances.provenance("python -m course tolerances"),
+        "mutate": mutate.provenance("15", [1, 2]),
     }
     assert set(made) == set(figures.MADE_BY.values())
     wrong = {
