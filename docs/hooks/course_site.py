@@ -82,7 +82,7 @@ for _path in (ROOT, HOOKS):  # the course package (installed or not), and ./dire
 
 import translation  # noqa: E402  (docs/hooks/translation.py: the Chinese pages)
 from directives import terms  # noqa: E402
-from directives.grading import render_grading  # noqa: E402
+from directives.grading import render_grading, render_mutation_scores  # noqa: E402
 from directives.hints import render_hints, render_lesson_card, render_lessons_table  # noqa: E402
 from directives.lesson_figures import (  # noqa: E402
     render_compositions,
@@ -126,6 +126,7 @@ DIRECTIVES = {
     "sizes": ((0,), render_sizes, False),
     "figures-table": ((0,), render_figures, False),
     "grading-cost-table": ((1,), render_grading_cost, False),
+    "mutation-scores": ((0,), render_mutation_scores, False),
     "bandwidth-table": ((1, 2), render_bandwidth_table, False),
     "results-table": ((1,), render_results, False),
     "bench-table": ((1,), render_bench_table, False),
@@ -144,7 +145,7 @@ DIRECTIVES = {
 
 # The directives whose words follow the page's language (the rest show code, records and
 # test names, the same on both sides).
-IN_THE_PAGES_LANGUAGE = {"lesson-card", "lessons-table", "hints"}
+IN_THE_PAGES_LANGUAGE = {"lesson-card", "lessons-table", "hints", "mutation-scores"}
 
 
 def expand(markdown: str, src_uri: str) -> str:

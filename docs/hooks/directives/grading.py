@@ -4,6 +4,7 @@ the grader's own rules (course/grader/rules.py)."""
 from __future__ import annotations
 
 import glob
+import json
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
@@ -66,3 +67,49 @@ def render_grading(pattern: str, root: Path = ROOT) -> str:
         "count neither way, so a laptop grades out of the CPU total. Tests marked *core* are "
         "the ones every unsolved starter must fail.\n"
     )
+
+
+MUTATION_HEADINGS = {
+    "en": ("lesson", "mutants graded", "killed", "survived", "equivalent", "timeout", "score",
+           "grading seeds", "measured"),
+    "zh": ("课", "已评分的变异体", "被拒绝", "存活", "等价", "超时", "得分", "评分种子",
+           "测量时间"),
+}  # fmt: skip
+
+
+def render_mutation_scores(root: Path = ROOT, lang: str = "en") -> str:
+    """``<!-- mutation-scores -->``: each lesson's `course mutate` record, one row: how many
+    of the mutants its run made were graded, and how the grade took them. The score is the
+    killed share of the mutants graded, equivalents aside."""
+    from course.tools.author import mutate
+
+    paths = sorted((root / "docs" / "results" / "grading").glob("mutation-*.json"))
+    if not paths:
+        return (
+            "*尚无任何课的变异记录（`python -m course mutate NN`）。*\n"
+            if lang == "zh"
+            else "*No lesson has a mutation record yet (`python -m course mutate NN`).*\n"
+        )
+    rows = ["| " + " | ".join(MUTATION_HEADINGS[lang]) + " |", "|" + " --- |" * 9]
+    for path in paths:
+        doc = json.loads(path.read_text())
+        if doc.get("kind") != mutate.KIND:
+            raise PluginError(f"mutation-scores: {path.name} is not a `course mutate` record")
+        c = doc["counts"]
+        graded = len(doc["mutants"]) - c["equivalent"]
+        of = "／" if lang == "zh" else " of "
+        score = "-" if doc["score"] is None else f"{doc['score']:g} %"
+        rows.append(
+            f"| {doc['lesson']} | {graded}{of}{doc['planned'] - c['equivalent']} | {c['killed']} "
+            f"| {c['survived']} | {c['equivalent']} | {c['timeout'] + c['error']} | {score} "
+            f"| {', '.join(map(str, doc['seeds']))} | {doc['provenance']['date'][:10]} |"
+        )
+    engine = f"cosmic-ray {json.loads(paths[0].read_text())['version']}"
+    note = (
+        f"*由 `python -m course mutate NN` 测得（{engine}），记录在 "
+        "`docs/results/grading/mutation-NN.json`。*"
+        if lang == "zh"
+        else f"*Measured by `python -m course mutate NN` ({engine}); records: "
+        "`docs/results/grading/mutation-NN.json`.*"
+    )
+    return "\n".join(rows) + "\n\n" + note + "\n"
