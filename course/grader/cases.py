@@ -205,6 +205,13 @@ class Cases:
                 results["cases"][name] = {"error": _error(err, self.lesson_file)}
                 continue
             if isinstance(value, Tensors):
+                if missing := [key for key, tensor in value.tensors.items() if tensor is None]:
+                    # a gradient that never reached its tensor is None: say which, not crash
+                    results["cases"][name] = {"error": {
+                        "type": "NoGradient", "where": None,
+                        "message": f"no tensor for {', '.join(missing)}: None (a gradient "
+                        "that did not reach its tensor is None)"}}  # fmt: skip
+                    continue
                 keys = []
                 for key, tensor in value.tensors.items():
                     tensors[f"{name}/{key}"] = tensor.detach().cpu().clone()

@@ -112,3 +112,31 @@ def test_a_rank_killed_by_a_signal_is_reported_before_its_peers_symptom():
     assert case_ranks._cause([1, None]) == 0  # one failure so far: that one
     assert case_ranks._cause([0, 1, 1]) == 1  # several raised: the lowest rank, as mp.spawn does
     assert case_ranks._cause([None, 0]) is None and case_ranks._cause([0, 0]) is None
+
+
+def test_a_gradient_that_never_arrived_is_named_not_a_crash(tmp_path):
+    """A case that returns a gradient which is None (the submission detached the tensor, or
+    never used it) fails that case in one line naming the tensor; the child goes on."""
+    import json
+
+    import torch
+
+    lesson = tmp_path / "lesson.py"
+    lesson.write_text("x = 1\n")
+    out = tmp_path / "out"
+    runner = cases.Cases([str(lesson), str(out)])
+
+    @runner.case
+    def grads(_lesson):
+        return cases.Tensors({"grad/w": None, "grad/b": torch.ones(2)})
+
+    @runner.case
+    def after(_lesson):
+        return {"ran": True}
+
+    runner.run()
+    results = json.loads((out / cases.RESULTS).read_text())["cases"]
+    assert results["after"] == {"value": {"ran": True}}
+    error = results["grads"]["error"]
+    assert "grad/w" in error["message"] and "grad/b" not in error["message"], error
+    assert "None" in error["message"] and error["type"] == "NoGradient"
