@@ -83,7 +83,7 @@ class GradeBook:
         entry["max_score"] = self.points.get(report.nodeid, entry["max_score"])
         entry["phases"][report.when] = report.outcome
         if report.failed:
-            entry["output"] = report.longreprtext[-4000:]
+            entry["output"] = report.longreprtext[:4000]  # the message first (plugin.py)
         phases = entry["phases"]
         if "failed" in phases.values():
             entry["status"] = "failed"

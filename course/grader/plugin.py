@@ -155,3 +155,11 @@ def pytest_runtest_makereport(item, call):
     # An unsolved TODO is not a bug to debug: say which TODO in one line.
     if call.excinfo is not None and call.excinfo.errisinstance(NotImplementedError):
         report.longrepr = f"NotImplementedError: {call.excinfo.value}"
+        return
+    # A failed check: its message (what was expected, what was seen, the likely cause)
+    # first, then where the grader checked it, for whoever wants the source.
+    if report.failed and call.excinfo is not None and call.excinfo.errisinstance(AssertionError):
+        message = str(call.excinfo.value).strip()
+        if message:
+            where = f"--- where the grader checked it ---\n{report.longreprtext}"
+            report.longrepr = f"{message}\n\n{where}"

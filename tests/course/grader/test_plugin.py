@@ -269,3 +269,26 @@ def test_pytest_timeouts_stretch_with_course_timeout_scale(tmp_path):
             f"limit to fail\n{run.describe()}"
         )
         assert failed == 0 or "Timeout" in run.output, run.describe()
+
+
+def test_a_failed_check_shows_its_message_first(tmp_path):
+    """The grader's message (expected, seen, likely cause) is the first line a student
+    reads, in the terminal and in the results file, with the checking source after it."""
+    planted = tmp_path / "test_96_planted.py"
+    planted.write_text(
+        "def helper(x):\n" + "".join(f"    y{i} = x + {i}\n" for i in range(30))
+        + "    assert x == 2, 'expected 2 ranks, saw 3: likely cause: the world size'\n\n"
+        "def test_checks():\n    helper(3)\n"
+    )  # fmt: skip
+    results = tmp_path / "results.json"
+    args = [sys.executable, "-m", "pytest", str(planted), "-q", "-p", "no:cacheprovider",
+            "-p", "no:xdist", "-o", "addopts=", "-p", "course.grader.plugin",
+            f"--grade-json={results}"]  # fmt: skip
+    run = launch.run(args, timeout=60, cwd=tmp_path)
+    assert run.returncode == 1, run.describe()
+    (test,) = json.loads(results.read_text())["tests"]
+    first = test["output"].strip().splitlines()[0]
+    assert first.startswith("expected 2 ranks, saw 3: likely cause: the world size"), test["output"]
+    assert "y29 = x + 29" in test["output"]  # the source is still there, after
+    shown = run.output.index("expected 2 ranks, saw 3")
+    assert shown < run.output.index("y0 = x + 0"), run.output
