@@ -12,10 +12,7 @@ A test reads a lesson's cases through LessonCases, whose failures fail the test:
 
 from __future__ import annotations
 
-import functools
 import json
-import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,50 +63,6 @@ class CaseResults:
         return {key: self._tensors[f"{name}/{key}"] for key in keys}
 
 
-def _fork_cases() -> bool:
-    """Whether a case script may run in a fork of this process. Not where CUDA devices are
-    visible: CUDA cannot be used in a fork of a process that has initialised it, and once
-    this process has run a backward pass, autograd's device threads make backward fail in
-    every fork ("Unable to handle autograd's threading in combination with fork-based
-    multiprocessing", measured on an H200 with torch 2.11). There, a new interpreter."""
-    from course import launch
-
-    if not launch.can_fork():
-        return False
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.cuda.device_count() == 0
-
-
-def _case_child(script: Path, lesson_file: Path, out: Path, env: dict | None) -> int:
-    """In a fork of the grader (launch.forked): the case script as `python script lesson out`
-    would run it, with the environment course.launch gives every child."""
-    import logging
-    import runpy
-    import warnings
-
-    from course import launch
-
-    # What pytest installed in this process is not the script's: its log handlers and
-    # warning hook write to descriptors the fork closed, where the ranks' sockets and
-    # files now are. Measured: a gloo rank of lesson 09's case script died of SIGBUS in
-    # every run with them (torch 2.8, and 2.14 in an xdist worker), never without.
-    for logger in [logging.root, *logging.root.manager.loggerDict.values()]:
-        if isinstance(logger, logging.Logger):
-            logger.handlers.clear()
-    logging.root.setLevel(logging.WARNING)
-    warnings.resetwarnings()
-    warnings.showwarning = warnings._showwarning_orig
-    environment = launch.child_env(env)
-    os.environ.clear()
-    os.environ.update(environment)
-    if "torch" in sys.modules:  # OMP_NUM_THREADS is read once, at import: say it again
-        sys.modules["torch"].set_num_threads(1)
-    sys.argv = [str(script), str(lesson_file), str(out)]
-    sys.path.insert(0, str(Path(script).parent))
-    runpy.run_path(str(script), run_name="__main__")
-    return 0
-
-
 def run_cases(
     script: Path, lesson_file: Path, folder: Path, timeout: float = 90, only=None, cancel=None
 ) -> CaseResults:
@@ -120,16 +73,12 @@ def run_cases(
 
     out = Path(folder) / "cases-out"
     env = {ONLY_ENV: ",".join(only)} if only is not None else None
-    if _fork_cases():
-        # A fork of this process, which has imported torch and the course: 2-3 s of CPU
-        # less than a new interpreter, for every case script of every grade.
-        child = functools.partial(_case_child, script, lesson_file, out, env)
-        args = [sys.executable, str(script), str(lesson_file), str(out)]
-        result = launch.forked(child, args=args, timeout=timeout, cwd=folder, cancel=cancel)
-    else:  # an xdist worker (threads), or children that run as another user
-        result = launch.python(
-            script, lesson_file, out, timeout=timeout, cwd=folder, env=env, cancel=cancel
-        )
+    # A new process (warm-started from the zygote where it can be: course/launch/warm/),
+    # never a fork of the grader: a fork would hold the grader's models and its answers in
+    # the memory the submission runs in.
+    result = launch.python(
+        script, lesson_file, out, timeout=timeout, cwd=folder, env=env, cancel=cancel
+    )
     try:
         data = json.loads((out / RESULTS).read_text())
         if not isinstance(data, dict) or not isinstance(data.get("cases"), dict):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import re
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -45,28 +44,16 @@ spec.loader.exec_module(module)
 _RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b:?.*)$")
 
 
-def _import_file(path: Path) -> None:
-    """_IMPORT, in a forked child of the grader (launch.forked)."""
-    sys.argv = ["-c", str(path)]  # as `python -c _IMPORT path` sees them
-    exec(compile(_IMPORT, "<import check>", "exec"), {"__name__": "__main__"})
-
-
 def check(number: str, path: Path) -> str | None:
     """The one line that says why `path` cannot be imported, or None when it imports."""
     try:
         submission.check_script(path)  # parses only, runs nothing
     except submission.LessonError as err:
         return str(err)  # the same line the tests give a file that won't parse
+    # A new process (warm-started where it can be: course/launch/warm/), never a fork of
+    # the grader: the submission's code must not run where the grader's memory is.
     with tempfile.TemporaryDirectory(prefix="course-import-") as folder:
-        if launch.can_fork():  # a fork of this process has torch imported already
-            result = launch.forked(
-                functools.partial(_import_file, path),
-                args=["import", str(path)],
-                timeout=IMPORT_DEADLINE_S,
-                cwd=folder,
-            )
-        else:  # an xdist worker (threads) or a grader that switches user
-            result = launch.python("-c", _IMPORT, path, timeout=IMPORT_DEADLINE_S, cwd=folder)
+        result = launch.python("-c", _IMPORT, path, timeout=IMPORT_DEADLINE_S, cwd=folder)
     name = f"lesson {number}'s {path.name}"
     if result.timed_out:
         return (

@@ -39,10 +39,25 @@ _cases: dict = {}
 _counted: list = []
 
 
+def hidden() -> dict:
+    """The seed's hidden numbers, as the case child reads them (numbers only: the child
+    imports none of the grader's model, so neither can the submission in it)."""
+    q = m.questions()
+    return {
+        "counted": [[c.__dict__, *m.placed(c, rank)] for c, rank in m.counted_configs()],
+        "timed": [[c.__dict__, hw] for c, hw in m.timed_configs()],
+        "questions": {"pipelines": q["pipelines"],
+                      "bound": [[c.__dict__, hw] for c, hw in q["bound"]],
+                      "tp": [[c.__dict__, hw] for c, hw in q["tp"]]},
+    }  # fmt: skip
+
+
 def _case(impl, tmp_path_factory, name: str):
     key = str(impl)
     if key not in _cases:
-        _cases[key] = run_lesson_cases(impl, LESSON, CASES, tmp_path_factory.mktemp("plan"))
+        folder = tmp_path_factory.mktemp("plan")
+        (folder / "hidden.json").write_text(json.dumps(hidden()))
+        _cases[key] = run_lesson_cases(impl, LESSON, CASES, folder)
     return _cases[key](name)
 
 

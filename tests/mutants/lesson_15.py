@@ -78,6 +78,40 @@ MUTANTS += [
     ),
 ]
 
+# Shortcuts: the grader's own answers, reached from the submission. Each is refused at
+# import in the child that runs it (course/grader/submission.py), naming the shortcut.
+MUTANTS += [
+    dict(
+        name="imports_the_graders_model",
+        why="held() answered by the grader's own cost model, found beside the tests",
+        old="    ### BEGIN SOLUTION\n    per = [math.ceil(s[0] / par.dp)",
+        new="    ### BEGIN SOLUTION\n"
+        "    import sys\n"
+        "    from pathlib import Path\n\n"
+        "    import course\n\n"
+        "    sys.path.insert(0, str(Path(course.__file__).parents[1] / 'tests' / 'lessons' / 'cases'))\n"
+        "    import lesson_15_models as grader\n\n"
+        "    from course.grader.scale import Config\n\n"
+        "    c = Config(par.pp, par.dp, par.tp, model.depth, model.dim, model.vocab, model.seq, "
+        "par.batch, par.micro_batches, par.schedule, model.hidden)\n"
+        "    return grader.held(c, stage, dp_rank)\n"
+        "    per = [math.ceil(s[0] / par.dp)",
+        caught_by="held_bytes",
+        says=["is the grader's own code"],
+    ),
+    dict(
+        name="counts_on_the_graders_fake_world",
+        why="traffic() measured by the grader's counting code on a fake world of that size",
+        old="    ### BEGIN SOLUTION\n    m = par.micro_batches\n",
+        new="    ### BEGIN SOLUTION\n"
+        "    from course.grader import scale\n\n"
+        "    del scale\n"
+        "    m = par.micro_batches\n",
+        caught_by="activations",
+        says=["course.grader.scale is the grader's own code"],
+    ),
+]
+
 ALTERNATIVES = [
     dict(
         name="loops_and_tables",

@@ -48,3 +48,29 @@ def test_check_script_catches_syntax_errors_without_running(tmp_path):
     with pytest.raises(LessonError, match="lesson.py:2: syntax error"):
         check_script(path)
     check_script(write(tmp_path, "raise SystemExit('not run by the check')\n"))
+
+
+def test_the_graders_own_modules_are_refused_to_a_submission(tmp_path, monkeypatch):
+    """Code in the submission's folder cannot import course.grader (its counters) or the
+    grader's models in tests/ (its answers), however it finds them; the grader can."""
+    import sys
+
+    from course import REPO_ROOT
+    from course.grader import submission
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the guard leaves with the test
+    cases = REPO_ROOT / "tests" / "lessons" / "cases"
+    for body, name in (
+        ("from course.grader import scale\n", "course.grader.scale"),
+        (f"import sys\nsys.path.insert(0, {str(cases)!r})\nimport lesson_13_models\n",
+         "lesson_13_models"),
+    ):  # fmt: skip
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "lesson.py").write_text(body)
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        with pytest.raises(submission.LessonError) as err:
+            submission.load(folder / "lesson.py")
+        assert f"{name} is the grader's own code" in str(err.value), err.value
+    monkeypatch.delitem(sys.modules, "course.grader.scale", raising=False)
+    import course.grader.scale  # noqa: F401 - the grader's own import is not refused

@@ -1,8 +1,11 @@
 """Lesson 15's cost model, called in a child process (course/grader/cases.py).
 
-Run by tests/lessons/test_15_planning.py as `python lesson_15.py LESSON_FILE OUT_DIR`. The
-configurations are the grading seed's hidden ones (tests/lessons/cases/lesson_15_models.py):
-the grader names each counted rank's stage and data-parallel rank; the submission answers.
+Run by tests/lessons/test_15_planning.py as `python lesson_15.py LESSON_FILE OUT_DIR`, in a
+folder where the test wrote the grading seed's hidden numbers (HIDDEN, drawn by
+tests/lessons/cases/lesson_15_models.py): the grader names each counted rank's stage and
+data-parallel rank; the submission answers. The child reads numbers only: it imports none
+of the grader's model or counting code, so the submission, which runs in it, cannot
+import them either (course/grader/submission.py refuses the grader's modules to it).
 
 Case `bytes`: held, activations and traffic for the counted ranks.
 Case `times`: step_time on hidden machines.
@@ -11,22 +14,25 @@ Case `questions`: micro_batches_for, communication_bound and best_tp on hidden n
 
 from __future__ import annotations
 
-import sys
+import json
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-import lesson_15_models as m  # noqa: E402
+from course.grader.cases import Cases
 
-from course.grader.cases import Cases  # noqa: E402
-
+HIDDEN = "hidden.json"  # written by the test in the child's working folder
 cases = Cases()
 REQUIRES = ("held", "activations", "traffic", "step_time", "micro_batches_for",
             "communication_bound", "best_tp", "Model", "Parallel", "Hardware")  # fmt: skip
 
 
-def _shapes(lesson, c):
-    model = lesson.Model(c.vocab, c.dim, c.depth, c.seq, c.hidden)
-    par = lesson.Parallel(c.pp, c.dp, c.tp, c.batch, c.micro_batches, c.schedule)
+def _hidden() -> dict:
+    return json.loads(Path(HIDDEN).read_text())
+
+
+def _shapes(lesson, c: dict):
+    model = lesson.Model(c["vocab"], c["dim"], c["depth"], c["seq"], c["hidden"])
+    par = lesson.Parallel(c["pp"], c["dp"], c["tp"], c["batch"], c["micro_batches"],
+                          c["schedule"])  # fmt: skip
     return model, par
 
 
@@ -37,9 +43,8 @@ def _plain(d) -> dict:
 @cases.case
 def bytes(lesson):  # noqa: A001 - the case's name
     found = []
-    for c, rank in m.counted_configs():
+    for c, stage, dp_rank in _hidden()["counted"]:
         model, par = _shapes(lesson, c)
-        stage, dp_rank = m.placed(c, rank)
         found.append({"held": _plain(lesson.held(model, par, stage, dp_rank)),
                       "activations": int(lesson.activations(model, par, stage)),
                       "traffic": _plain(lesson.traffic(model, par, stage))})  # fmt: skip
@@ -50,13 +55,13 @@ def bytes(lesson):  # noqa: A001 - the case's name
 def times(lesson):
     return [
         _plain(lesson.step_time(*_shapes(lesson, c), lesson.Hardware(**hw)))
-        for c, hw in m.timed_configs()
+        for c, hw in _hidden()["timed"]
     ]
 
 
 @cases.case
 def questions(lesson):
-    q = m.questions()
+    q = _hidden()["questions"]
     return {
         "pipelines": [lesson.micro_batches_for(pp, t) for pp, t in q["pipelines"]],
         "bound": [lesson.communication_bound(*_shapes(lesson, c), lesson.Hardware(**hw))
