@@ -12,10 +12,16 @@ from pathlib import Path
 # operation, arrives before the deadline kills the group.
 PG_TIMEOUT_SHARE = 0.5
 TIMEOUT_SIGNS = ("Timed out waiting", "Watchdog caught collective operation timeout", "timed out")
+# What a hang's report says: what was seen (the grader cannot know why a rank never came),
+# and where to look, by whether the ranks printed where they stopped.
 HANG_CAUSE = (
-    "likely cause: a rank waits in a collective (all_reduce, barrier, broadcast...) that "
-    "another rank never reaches: a collective inside `if rank == 0:`, or ranks that take "
-    "different numbers of steps. Each rank's last lines above show where it stopped."
+    "seen: the job waited until its timeout, so a rank waited in a collective or a "
+    "send/receive that another rank never reached"
+)
+HANG_WHERE = "each rank's last lines above show where it stopped"
+HANG_NO_LINES = (
+    "no rank's lines were kept: run it again with TORCH_DISTRIBUTED_DEBUG=DETAIL, or under "
+    "`python -m course spy`, to see where each rank waits"
 )
 
 
@@ -92,7 +98,8 @@ class RunResult:
                 parts.append(f"--- last lines of {name} ---")
                 parts.extend(tail)
         if self.timed_out or self.collective_timed_out:
-            parts.append(HANG_CAUSE)
+            where = HANG_WHERE if self.rank_logs else HANG_NO_LINES
+            parts.append(f"{HANG_CAUSE}; {where}.")
         return "\n".join(parts)
 
     @property

@@ -313,12 +313,19 @@ def test_tokens_travel_by_all_to_all_as_routing_demands(impl, tmp_path_factory):
     row = m.DIM * 4
     for rank in range(world):
         records = found[str(rank)]["records"]
-        other = sorted({r["op"] for r in records} - {"all_to_all"})
-        assert not other, (
-            f"ExpertParallel, rank {rank}: called {', '.join(other)}. Tokens travel to their "
-            "experts by all-to-all; gathering every token to every rank and masking gives "
-            f"the right numbers at {world} times the bytes: refused"
-        )
+        extra = [r for r in records if r["op"] != "all_to_all"]
+        if extra:  # say what was seen: integers (the counts), or the rows themselves
+            seen = ", ".join(f"{r['op']} of {r['bytes']} bytes of {r['dtypes'][0]}" for r in extra)
+            ints = all(not r["dtypes"][0].startswith("torch.float") for r in extra)
+            why = (
+                f"the experts' counts are exchanged by all-to-all too: each rank needs only "
+                f"what each other rank sends it ({m.E} int64 counts)"
+                if ints
+                else "tokens travel to their experts by all-to-all; gathering every token to "
+                f"every rank and masking gives the right numbers at {world} times the bytes"
+            )
+            raise AssertionError(f"ExpertParallel, rank {rank}: called {seen}. Expected only "
+                                 f"all-to-alls: {why}. Refused.")  # fmt: skip
         _, _, _, chosen, keep = refs[rank]
         sent = int(keep.sum()) * row
         arrived = sum(int(((ref[3] // per == rank) & ref[4]).sum()) for ref in refs) * row

@@ -92,6 +92,20 @@ MUTANTS = [
     ),
     dict(
         file=EP,
+        name="counts_gathered_to_everyone",
+        why="every rank's counts all-gathered, and this rank's column read from them: the "
+        "right counts, but a collective the exchange does not need",
+        old="        dist.all_to_all_single(arrived, counts, group=self.group)\n",
+        new="        ranks = dist.get_world_size(self.group)\n"
+        "        everyone = [torch.empty_like(counts) for _ in range(ranks)]\n"
+        "        dist.all_gather(everyone, counts, group=self.group)\n"
+        "        me = dist.get_rank(self.group)\n"
+        "        arrived = torch.cat([c.view(ranks, self.per)[me] for c in everyone])\n",
+        caught_by="tokens_travel",
+        says=["counts are exchanged by all-to-all too"],
+    ),
+    dict(
+        file=EP,
         name="experts_divided_by_their_group",
         why="each expert's gradient divided by the ranks holding it, not the world: its "
         "ranks' losses are each their own tokens' mean, so it is 2 times too large",

@@ -296,3 +296,16 @@ def test_forking_is_refused_where_threads_run():
     finally:
         stop.set()
         thread.join()
+
+
+def test_a_hangs_report_says_what_was_seen_and_points_only_to_lines_it_shows():
+    from course.launch.result import HANG_CAUSE, HANG_NO_LINES, HANG_WHERE, RunResult
+
+    alone = RunResult(["python", "ring.py"], None, "step 1\n", True, 90.0, 90.0, 0)
+    text = alone.describe()
+    assert HANG_CAUSE in text and HANG_NO_LINES in text and HANG_WHERE not in text, text
+    assert "if rank == 0" not in text  # a cause the grader never checked
+    logged = RunResult(["python", "ring.py"], None, "", True, 90.0, 90.0, 0,
+                       rank_logs={"rank 0": "waiting in recv"})  # fmt: skip
+    text = logged.describe()
+    assert HANG_WHERE in text and "waiting in recv" in text and HANG_NO_LINES not in text, text
