@@ -77,6 +77,15 @@ MUTANTS = [
     ),
     dict(
         file=RING,
+        name="keys_labelled_from_the_wrong_neighbour",
+        why="the keys that arrive at step s taken as rank + s's, where they come from rank - "
+        "s: at 2 ranks the same neighbour, at 3 or more the wrong chunk's causal mask",
+        old="            theirs = chunks_of((rank - step) % world, world, split)\n",
+        new="            theirs = chunks_of((rank + step) % world, world, split)\n",
+        caught_by="equals_attention_over_the_whole_sequence",
+    ),
+    dict(
+        file=RING,
         name="merge_without_renormalising",
         why="the two parts added as they are: each was normalised by its own keys only",
         old="    return out * (lse - new).exp() + block_out * (block_lse - new).exp(), new\n",

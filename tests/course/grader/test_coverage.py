@@ -2,6 +2,9 @@
 include every case family its mistakes need, so a wrong solution fails at every seed. Each
 family is checked at 500 seeds, drawing only (no grading).
 
+Lesson 12 (tests/lessons/cases/lesson_12_ring.py): the ring on 3 ranks or more, where
+rank + 1 and rank - 1 are different neighbours.
+
 Lesson 15 (tests/lessons/cases/lesson_15_models.py): both schedules, a middle stage, tp = 1
 and a tp other than 2 (at tp = 2, 2(n - 1)/n = 1 hides a factor) among the counted ranks;
 dp = 1, tp = 1 and tp within and across a node among the timed models; a pipeline and a
@@ -19,6 +22,7 @@ from course.grader import draws
 
 CASES = Path(__file__).parents[2] / "lessons" / "cases"
 sys.path.insert(0, str(CASES))
+import lesson_12_models as m12  # noqa: E402
 import lesson_15_models as m  # noqa: E402
 
 sys.path.remove(str(CASES))
@@ -64,3 +68,12 @@ def test_lesson_15_draws_every_family_at_every_seed(monkeypatch, family):
     assert not missing, (
         f"lesson 15's draws lack {family!r} at seeds {missing[:10]} (of {len(SEEDS)})"
     )
+
+
+def test_lesson_12s_ring_has_two_different_neighbours_at_every_seed(monkeypatch):
+    worlds = set()
+    for seed in SEEDS:
+        monkeypatch.setenv(draws.SEED_ENV, str(seed))
+        worlds.add(draws.draw("12.ring_ranks", m12.RING_RANKS))  # as lesson_12_ring.py draws
+    assert min(worlds) >= 3, f"lesson 12's ring drawn on {sorted(worlds)} ranks"
+    assert len(worlds) > 1  # the seed still varies the value

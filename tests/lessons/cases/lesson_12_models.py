@@ -16,6 +16,9 @@ from course.models import CausalBlock
 # Part 1: B sequences of T tokens, width D, H heads, L blocks, dropout on.
 B, T, D, H, L = 2, 32, 32, 4, 3
 STEPS = 2  # the second step's dropout masks show whether the random stream was put back
+# Part 2's ranks, drawn from the grading seed: never 2, where rank + 1 and rank - 1 are
+# the same neighbour and a ring turned the wrong way passes.
+RING_RANKS = (3, 4)
 
 
 class Counted(CausalBlock):

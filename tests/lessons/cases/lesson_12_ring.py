@@ -31,7 +31,7 @@ from course.grader.tolerances import seed  # noqa: E402
 
 cases = Cases()
 REQUIRES = ("chunks_of", "merge", "RingAttention", "gathered_attention")
-WORLD = draw("12.ring_ranks", (2, 3, 4))
+WORLD = draw("12.ring_ranks", m.RING_RANKS)
 SEED = seed(11)  # the q, k, v drawn; `course tolerances 12` measures over many
 
 
