@@ -161,8 +161,16 @@ def test_checkpoint_by_hand_recomputes_each_block_once(impl, tmp_path_factory):
 def test_torch_checkpoint_gives_the_same_gradients(impl, tmp_path_factory, reference, mode):
     """run_block(block, x, mode), 2 steps over 3 blocks with dropout: every gradient equals
     the stack's without checkpointing, bit for bit."""
-    _, tensors = _case(impl, tmp_path_factory, "torch_ways")
+    found, tensors = _case(impl, tmp_path_factory, "torch_ways")
+    _crashed(found, mode)
     _bit_exact(tensors, f"{mode}/", reference, f"run_block {mode!r}")
+
+
+def _crashed(found: dict, *modes: str) -> None:
+    """Fail with the way's own error where run_block(..., mode) raised."""
+    for mode in modes:
+        error = found["errors"].get(mode)
+        assert error is None, f"run_block(block, x, {mode!r}) raised {error}"
 
 
 @pytest.mark.core
@@ -175,6 +183,7 @@ def test_selective_keeps_the_matmuls_and_recomputes_the_rest(impl, tmp_path_fact
     (the random state kept for dropout). Counted FLOPs: full recomputes the matmuls (4/3
     of the unchecked step), selective does not (the same)."""
     found, _ = _case(impl, tmp_path_factory, "torch_ways")
+    _crashed(found, "full", "selective")
     kept, want = found["none"]["saved_after_forward"], m.L * m.block_bytes("none")
     assert kept == want, (
         f"without checkpointing the saved-tensor meter saw {kept:,} bytes kept for backward; "

@@ -76,6 +76,16 @@ MUTANTS = [
         caught_by="balances",
     ),
     dict(
+        name="selective_crashes",
+        why="the selective policy's context built once and passed as context_fn: checkpoint "
+        "calls it, and it raises; full, written right, keeps its points",
+        old="        return checkpoint(block, x, use_reentrant=False, context_fn=contexts)\n",
+        new="        return checkpoint(block, x, use_reentrant=False, context_fn=contexts())\n",
+        caught_by="same_gradients",
+        spares="same_gradients and full",
+        says=["run_block(block, x, 'selective') raised"],
+    ),
+    dict(
         file=RING,
         name="keys_labelled_from_the_wrong_neighbour",
         why="the keys that arrive at step s taken as rank + s's, where they come from rank - "

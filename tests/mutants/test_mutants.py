@@ -140,6 +140,12 @@ def test_mutant_is_rejected(tmp_path, grader, number, file, case):
         f"say {missing}\n{run.output[-3000:]}"
     )
     assert not launch.group_alive(run.pgid), f"{case['name']}: processes outlived the grade"
+    if "spares" in case:  # a mistake in one exercise costs that exercise's points only
+        kept = grade(grader, number, impl, "-k", case["spares"])
+        assert kept.returncode == 0 and "passed" in kept.output, (
+            f"lesson {number}: the mutant '{case['name']}' also failed the tests matching "
+            f"'{case['spares']}', which it does not touch\n{kept.describe()}"
+        )
 
 
 @pytest.mark.mutation

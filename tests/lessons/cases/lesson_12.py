@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lesson_12_models as m  # noqa: E402
 
 from course import memory  # noqa: E402
-from course.grader.cases import Cases, Tensors  # noqa: E402
+from course.grader.cases import Cases, Tensors, _error  # noqa: E402
 from course.grader.tripwires import Tripwires  # noqa: E402
 
 cases = Cases()
@@ -75,11 +75,20 @@ def by_hand(lesson):
 
 @cases.case
 def torch_ways(lesson):
-    tensors, found = {}, {}
+    tensors, found = {}, {"errors": {}}
     for mode in ("full", "selective"):
         run = lambda block, x, mode=mode: lesson.run_block(block, x, mode)  # noqa: E731
-        tensors |= {f"{mode}/{k}": v for k, v in m.gradients(SEED, run).items()}
-        found[mode] = _measure(run)
+        try:  # one way's crash fails that way's tests, not the other's
+            grads = m.gradients(SEED, run)
+            if missing := [k for k, g in grads.items() if g is None]:
+                raise RuntimeError(f"no gradient reached {', '.join(missing)} (None)")
+            found[mode] = _measure(run)
+        except Exception as err:  # noqa: BLE001 - the submission's failure, recorded
+            e = _error(err, cases.lesson_file)
+            where = f" at {e['where']}" if e["where"] else ""
+            found["errors"][mode] = f"{e['type']}{where}: {e['message']}"
+            continue
+        tensors |= {f"{mode}/{k}": v for k, v in grads.items()}
     found["none"] = _measure(lambda block, x: block(x))
     return Tensors(tensors, found)
 
