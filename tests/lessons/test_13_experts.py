@@ -148,6 +148,19 @@ def test_the_layer_computes_what_the_graders_computes(impl, tmp_path_factory):
     assert found["dropped"] == int((~keep).sum()), (
         f"MoE dropped {found['dropped']} choices, the grader's layer {int((~keep).sum())}"
     )
+    # What the experts compute: at least the kept choices' rows, at most each expert's
+    # capacity (an implementation may pad to it); masking every token costs E / k times more.
+    router = 2 * m.TOKENS * m.DIM * m.E
+    row = 2 * m.DIM * 2 * m.DIM * 2  # an expert's two matmuls, one row
+    low, high = router + row * int(keep.sum()), router + row * m.E * m.capacity(m.TOKENS)
+    assert low <= found["flops"] <= high, (
+        f"MoE's forward ran {found['flops']:,} matmul FLOPs; the router and the kept "
+        f"choices need {low:,}, each expert filled to its capacity {high:,}. "
+        + ("Likely cause: every token run through every expert, the unchosen masked out"
+           if found["flops"] >= router + row * m.E * m.TOKENS
+           else "Seen: more than the kept choices and padding explain" if found["flops"] > high
+           else "Seen: fewer than the kept choices need")
+    )  # fmt: skip
     combine = ("Likely causes: an expert's output not multiplied by the gate, a dropped "
                "choice still computed, or rows added to the wrong tokens")  # fmt: skip
     _close(tensors["out"], out, "MoE's output", combine)

@@ -10,6 +10,16 @@ EP = "13_experts/experts.py"
 
 MUTANTS = [
     dict(
+        name="every_token_through_every_expert",
+        why="each expert run on every token and its output masked by the kept choices: the "
+        "same numbers, at E / k times the compute",
+        old="            out.index_add_(0, tokens, expert(x[tokens]) * gates[tokens, slots, None])\n",
+        new="            every = expert(x)\n"
+        "            out.index_add_(0, tokens, every[tokens] * gates[tokens, slots, None])\n",
+        caught_by="computes_what_the_graders",
+        says=["every token run through every expert"],
+    ),
+    dict(
         name="gates_not_renormalised",
         why="the chosen probabilities used as they are: each token's gates sum to less than 1",
         old="    return probs, top / top.sum(-1, keepdim=True), experts\n",

@@ -47,14 +47,19 @@ def layer(lesson):
             mine.load_state_dict(theirs.state_dict())
     x, w = m.inputs(SEED)
     x.requires_grad_()
-    out, aux, stats = moe(x)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)  # what the forward computes, in any call form
+    with counter:
+        out, aux, stats = moe(x)
     ((out * w).sum() + aux).backward()
     found = {"out": out.detach(), "aux": aux.detach().reshape(()), "x": x.grad,
              "router": moe.router.weight.grad}  # fmt: skip
     for e, expert in enumerate(moe.experts):
         for name, p in expert.named_parameters():
             found[f"{e}.{name}"] = p.grad if p.grad is not None else torch.zeros_like(p)
-    return Tensors(found, {"load": stats["load"].tolist(), "dropped": int(stats["dropped"])})
+    return Tensors(found, {"load": stats["load"].tolist(), "dropped": int(stats["dropped"]),
+                           "flops": int(counter.get_total_flops())})  # fmt: skip
 
 
 if __name__ == "__main__":
