@@ -54,7 +54,7 @@ TOGETHER = {"test_site.py": "site", "test_browser.py": "site"}  # one worker, on
 # Sent first, they no longer start last and leave one worker alone at the end: xdist's
 # own order, by number of tests, put the 40 s planted hang (two tests) near the end.
 SLOWEST = {
-    "test_recorded_outputs.py": 144, "test_browser.py": 104, "test_site.py": 104,
+    "test_recorded_outputs.py": 111, "test_browser.py": 104, "test_site.py": 104,
     "test_bench.py": 45, "test_hangs.py": 40, "test_warm.py": 26,
     "test_notebooks.py": 22, "test_09_debugging.py": 20, "test_autograder.py": 19,
     "test_04_torchrun.py": 18, "test_grade_class.py": 17, "test_command.py": 16,
