@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import queue
+import random
 import shlex
 import shutil
 import subprocess
@@ -176,6 +177,7 @@ def run(number: str, jobs: int, seeds: list[int], only: list[str] | None = None,
     cases = [
         {"file": f, **m} for f in files for m in mutants(REPO_ROOT / "solutions" / lesson.slug / f)
     ]
+    random.Random(seeds[0]).shuffle(cases)  # a run stopped halfway: a fair sample
     cases = cases[:limit] if limit else cases
     equivalents = equivalents or {}
     deadline = _deadline(lesson)
@@ -275,8 +277,6 @@ def parser():
 
 
 def main(argv: list[str] | None = None) -> int:
-    import random
-
     args = (p := parser()).parse_args(argv)
     lesson = registry.get(args.lesson)
     if args.seeds < 1 or args.jobs < 1:
