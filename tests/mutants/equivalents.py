@@ -1,9 +1,20 @@
 """Mutants that behave exactly as the reference does, by lesson: {lesson: {key: reason}}.
 
-`python -m course mutate` (course/tools/author/mutate.py) makes them and records them as
-equivalent instead of grading them. A key is `FILE:BEFORE -> AFTER`, the mutated line as
-the engine's record shows it (stripped); the reason says in one line why no test can tell
-the two apart. Kept here with the mutants: they name the reference's lines.
+`python -m course mutate` (course/tools/author/mutate.py) records them as equivalent
+instead of grading them, and `python -m course mutate NN --triage` marks them so in a
+record made before they were declared. A key is `FILE:BEFORE -> AFTER`, the mutated line
+as the record shows it (stripped); the reason says in one line why no mesh the program
+can build tells the two apart. Kept here with the mutants: they name the reference's lines.
 """
 
-EQUIVALENT: dict[str, dict[str, str]] = {}
+EQUIVALENT: dict[str, dict[str, str]] = {
+    "15": {
+        "plan.py:max(0, min(p, s[0] - dp_rank * p)) * math.prod(s[1:]) * FLOAT -> "
+        "max(0, min(s[0] - dp_rank * p, p)) * math.prod(s[1:]) * FLOAT":
+        "min is symmetric: the same rows whichever argument comes first",
+        'plan.py:tp = sent.get("tp.all_reduce", 0) * 2 * (n - 1) / n / bandwidth(par, hw, "tp") '
+        '-> tp = sent.get("tp.all_reduce", 1) * 2 * (n - 1) / n / bandwidth(par, hw, "tp")':
+        "the default is read only where traffic() has no tensor-parallel all-reduce: at tp = 1, "
+        "where 2(n - 1)/n = 0 whatever it is (every stage has a block when depth >= pp)",
+    },
+}  # fmt: skip

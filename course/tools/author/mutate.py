@@ -14,6 +14,9 @@ It writes docs/results/grading/mutation-NN.json: the engine and its version, the
 each solution file's hash and last commit, the seeds, and each mutant with its outcome:
 killed, survived, equivalent (tests/mutants/equivalents.py, with the reason) or timeout.
 CI checks only that each record matches today's solutions; the engine never runs there.
+
+Over 300 lines, on purpose: making the mutants, grading them, the record and its triage
+are one flow over one record's fields; split, each part would import the others.
 """
 
 from __future__ import annotations
@@ -227,10 +230,25 @@ def _deadline(lesson) -> float:
     return max(120.0, 4 * seconds)
 
 
-def record(lesson, files, seeds, results, planned: int) -> dict:
+def scored(results: list[dict]) -> tuple[dict, float | None]:
+    """The outcomes counted, and the killed share of the graded (equivalents aside)."""
     counts = {o: sum(r["outcome"] == o for r in results)
               for o in ("killed", "survived", "equivalent", "timeout", "error")}  # fmt: skip
-    graded = counts["killed"] + counts["survived"] + counts["timeout"] + counts["error"]
+    graded = len(results) - counts["equivalent"]
+    return counts, round(100 * counts["killed"] / graded, 1) if graded else None
+
+
+def triage(doc: dict, equivalents: dict[str, str]) -> dict:
+    """A record with the mutants now declared equivalent marked so, with their reasons."""
+    for m in doc["mutants"]:
+        if m["outcome"] != "killed" and _key(m) in equivalents:
+            m["outcome"], m["reason"] = "equivalent", equivalents[_key(m)]
+    doc["counts"], doc["score"] = scored(doc["mutants"])
+    return doc
+
+
+def record(lesson, files, seeds, results, planned: int) -> dict:
+    counts, score = scored(results)
     return {
         "kind": KIND,
         "lesson": lesson.number,
@@ -238,16 +256,14 @@ def record(lesson, files, seeds, results, planned: int) -> dict:
         "version": metadata.version("cosmic-ray"),
         "operators": list(OPERATORS),
         "files": {
-            f: {
-                "blob": blob(REPO_ROOT / "solutions" / lesson.slug / f),
-                "commit": last_commit(REPO_ROOT / "solutions" / lesson.slug / f),
-            }
+            f: {"blob": blob(path), "commit": last_commit(path)}
             for f in files
-        },  # fmt: skip
+            for path in [REPO_ROOT / "solutions" / lesson.slug / f]
+        },
         "seeds": seeds,
         "counts": counts,
         "planned": planned,  # mutants made; fewer in `mutants` where the run was stopped
-        "score": round(100 * counts["killed"] / graded, 1) if graded else None,
+        "score": score,
         "mutants": sorted(results, key=lambda r: (r["file"], r["line"], r["operator"])),
         "provenance": provenance(lesson.number, seeds),
     }
@@ -272,6 +288,11 @@ def parser():
     p.add_argument("--only", nargs="*", help="only these files of the lesson")
     p.add_argument("--limit", type=int, default=0, help="at most this many mutants")
     p.add_argument("--list", action="store_true", help="list the mutants, grade none")
+    p.add_argument(
+        "--triage",
+        action="store_true",
+        help="mark the record's mutants declared equivalent since; grade none",
+    )
     p.add_argument("--out", help="the record (default docs/results/grading/mutation-NN.json)")
     return p
 
@@ -287,9 +308,14 @@ def main(argv: list[str] | None = None) -> int:
                 for m in mutants(REPO_ROOT / "solutions" / lesson.slug / f):
                     print(f"{f}:{m['line']} {m['operator']}: {m['before']}  ->  {m['after']}")
         return 0
+    out = Path(args.out) if args.out else FOLDER / f"mutation-{lesson.number}.json"
+    if args.triage:
+        doc = triage(json.loads(out.read_text()), declared(lesson.number))
+        atomic.write_json(doc, out, indent=1)
+        print(f"wrote {out}: {doc['counts']}, score {doc['score']} %")
+        return 0
     seeds = [random.randrange(1, 10**6) for _ in range(args.seeds)]
     print(f"lesson {lesson.number}: grading seeds {seeds} (COURSE_GRADE_SEED)", flush=True)
-    out = Path(args.out) if args.out else FOLDER / f"mutation-{lesson.number}.json"
 
     def save(doc: dict) -> None:
         atomic.write_json(doc, out, indent=1)

@@ -105,3 +105,28 @@ def test_a_changed_solution_makes_its_record_stale(tmp_path):
     b.write_text("x = 2\n")
     assert mutate.blob(a) != mutate.blob(b)
     assert mutate.blob(a) == "7d4290a117a4ddcc11daae7ea675841033830c8f"  # `git hash-object a.py`
+
+
+def test_triage_marks_the_declared_equivalents_and_scores_again():
+    survivor = {"file": "plan.py", "before": "min(p, n)", "after": "min(n, p)",
+                "outcome": "survived"}  # fmt: skip
+    other = {"file": "plan.py", "before": "a < b", "after": "a <= b", "outcome": "survived"}
+    killed = {"file": "plan.py", "before": "x + y", "after": "x - y", "outcome": "killed"}
+    doc = {"mutants": [survivor, other, killed]}
+    reason = "min is symmetric: the same rows whichever comes first"
+    mutate.triage(doc, {"plan.py:min(p, n) -> min(n, p)": reason})
+    assert survivor["outcome"] == "equivalent" and survivor["reason"] == reason
+    assert other["outcome"] == "survived" and killed["outcome"] == "killed"
+    assert doc["counts"]["equivalent"] == 1 and doc["score"] == 50.0  # 1 killed of 2 graded
+
+
+def test_each_declared_equivalent_names_a_line_of_todays_solution():
+    """A declared equivalent whose line left the solution is stale: its reason no longer
+    speaks of the reference."""
+    for number in [lesson.number for lesson in registry.LESSONS]:
+        lesson = registry.get(number)
+        for key in mutate.declared(number):
+            file, change = key.split(":", 1)
+            before = change.split(" -> ")[0]
+            source = (REPO_ROOT / "solutions" / lesson.slug / file).read_text()
+            assert before in {line.strip() for line in source.splitlines()}, (number, key)
