@@ -16,5 +16,15 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         '-> tp = sent.get("tp.all_reduce", 1) * 2 * (n - 1) / n / bandwidth(par, hw, "tp")':
         "the default is read only where traffic() has no tensor-parallel all-reduce: at tp = 1, "
         "where 2(n - 1)/n = 0 whatever it is (every stage has a block when depth >= pp)",
+        "plan.py:for p, s in zip(per, shapes, strict=True) -> for p, s in zip(per, shapes, strict=False)":
+        "per and shapes are built from the same units(): always the same length, so strict changes nothing",
+        "plan.py:for p, s in zip(per, shapes, strict=True) -> for p, s in zip(per, shapes)":
+        "per and shapes are built from the same units(): always the same length, so strict changes nothing",
+        "plan.py:messages = ((stage > 0) + (stage < par.pp - 1)) * m if par.pp > 1 else 0 -> messages = ((stage > 0) + (stage < par.pp - 1)) * m if par.pp > 0 else 0":
+        "pp is at least 1: at pp = 1 the formula itself gives (0 > 0) + (0 < 0) = 0 messages",
+        "plan.py:\"exposed\": max(0.0, dp - compute), \"bubble\": busy * (par.pp - 1) / m, -> \"exposed\": max(dp - compute, 0.0), \"bubble\": busy * (par.pp - 1) / m,":
+        "max is symmetric: the same value whichever argument comes first",
+        "plan.py:return max(1, math.ceil((pp - 1) * (1 - target) / target - 1e-9)) -> return max(math.ceil((pp - 1) * (1 - target) / target - 1e-9), 1)":
+        "max is symmetric: the same value whichever argument comes first",
     },
 }  # fmt: skip
