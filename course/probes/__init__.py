@@ -23,6 +23,8 @@ imports it (`after_torch_import`):
                         deadline that does not count a slow start)
     COURSE_KILL_*       faults injected on purpose (course/probes/chaos.py), and
     COURSE_SWAP_ALL_REDUCE  a rank's first all_reduce swapped for a broadcast (the same)
+    COURSE_LATE_ALL_REDUCE  a rank's first all_reduce started late (the same)
+    COURSE_SLOW_STORE_READ  a rank's TCPStore reads slowed (the same)
 
 The lessons never call any of this: a student's own way of writing the same
 behaviour is observed the same way.
@@ -45,6 +47,8 @@ ENVIRONMENT = (
     "COURSE_KILL_AT_STEP",
     "COURSE_KILL_IN_SAVE",
     "COURSE_SWAP_ALL_REDUCE",
+    "COURSE_LATE_ALL_REDUCE",
+    "COURSE_SLOW_STORE_READ",
 )
 
 

@@ -16,6 +16,12 @@ starts (it is on their PYTHONPATH).
     COURSE_SWAP_ALL_REDUCE=1                    rank 1's first torch.distributed.
                                                 all_reduce runs a broadcast instead:
                                                 ranks out of step (lesson 09's hang)
+    COURSE_LATE_ALL_REDUCE=1:8                  rank 1 reaches its first all_reduce 8 s
+                                                late (lesson 09: does a collective give up
+                                                after the group's timeout?)
+    COURSE_SLOW_STORE_READ=1:1                  rank 1's TCPStore reads (get, multi_get)
+                                                each take 1 s more (lesson 09: does rank
+                                                0 keep the store until the others read?)
 
 "Putting a file in place" is what a crash interrupts: for a careful writer,
 the rename of a finished temporary file onto snapshot.pt (the process dies
@@ -46,6 +52,8 @@ KILL_RANK = "COURSE_KILL_RANK"
 KILL_AT_STEP = "COURSE_KILL_AT_STEP"
 KILL_IN_SAVE = "COURSE_KILL_IN_SAVE"
 SWAP_ALL_REDUCE = "COURSE_SWAP_ALL_REDUCE"
+LATE_ALL_REDUCE = "COURSE_LATE_ALL_REDUCE"
+SLOW_STORE_READ = "COURSE_SLOW_STORE_READ"
 
 
 def first_attempt() -> bool:
@@ -142,6 +150,52 @@ def swap_first_all_reduce(rank: int) -> None:
     dist.all_reduce = all_reduce_or_broadcast
 
 
+def rank_and_seconds(value: str) -> tuple[int, float]:
+    """"1:8" -> (1, 8.0): a probe's rank and its seconds."""
+    rank, _, seconds = value.partition(":")
+    return int(rank), float(seconds)
+
+
+def late_first_all_reduce(rank: int, seconds: float) -> None:
+    """On `rank`, the first torch.distributed.all_reduce starts `seconds` late: its peers
+    wait in theirs, as behind a slow rank, until the group's timeout ends the wait."""
+    import torch.distributed as dist
+
+    from course.probes.write_log import current_rank
+
+    all_reduce, late = dist.all_reduce, False
+
+    def all_reduce_late(tensor, *args, **kwargs):
+        nonlocal late
+        if not late and current_rank() == rank:
+            late = True
+            sys.stderr.write(f"chaos: rank {rank} reaches its all_reduce {seconds:g} s late\n")
+            sys.stderr.flush()
+            time.sleep(seconds)
+        return all_reduce(tensor, *args, **kwargs)
+
+    dist.all_reduce = all_reduce_late
+
+
+def slow_store_reads(rank: int, seconds: float) -> None:
+    """On `rank`, every TCPStore get and multi_get waits `seconds` first: a rank that
+    reads the store late, after a peer that does not wait for it may have left."""
+    import torch.distributed as dist
+
+    from course.probes.write_log import current_rank
+
+    if current_rank() != rank:
+        return
+    for name in ("get", "multi_get"):
+        read = getattr(dist.TCPStore, name)
+
+        def slow(self, *args, _read=read, **kwargs):
+            time.sleep(seconds)
+            return _read(self, *args, **kwargs)
+
+        setattr(dist.TCPStore, name, slow)
+
+
 def note_first_step() -> None:
     """On rank 0, print the wall-clock time of this process's first optimizer step:
     after a restart, minus the kill's time, it is the restart overhead."""
@@ -176,3 +230,7 @@ def install() -> None:
         kill_in_save(target, int(nth))
     if os.environ.get(SWAP_ALL_REDUCE):
         swap_first_all_reduce(int(os.environ[SWAP_ALL_REDUCE]))
+    if os.environ.get(LATE_ALL_REDUCE):
+        late_first_all_reduce(*rank_and_seconds(os.environ[LATE_ALL_REDUCE]))
+    if os.environ.get(SLOW_STORE_READ):
+        slow_store_reads(*rank_and_seconds(os.environ[SLOW_STORE_READ]))

@@ -477,7 +477,16 @@ RDZV_LAUNCH = RDZV_BOUND + 30
 RDZV_GOOD_TIMEOUT = 20 * launch.timeout_scale()  # as every deadline, stretched on slow machines
 # The safety net: rank 1 alone again, told to give up (--give-up) long before its --timeout.
 RDZV_GIVE_UP, RDZV_GIVE_UP_TIMEOUT = 2, 10
-RDZV_NAMES = ("good", "refused", "in_use", "world", "interface", "give_up")
+# A rank late to the first collective after a good join: rank 1 reaches its all_reduce
+# RDZV_LATE s after rank 0, which must give up after its --timeout rather than wait. The
+# timeout is twice the worst start-up skew seen (3 s, above), so the two ranks join under
+# load; 5 s of margin for leaving init_process_group apart (0.1 s measured).
+RDZV_LATE_TIMEOUT = 2 * RDZV_TIMEOUT
+RDZV_LATE = RDZV_LATE_TIMEOUT + 5
+# A slow reader: in "world", rank 1's store reads each take this long (a rank 0 that leaves
+# before the others have read takes its store with it).
+RDZV_SLOW_READ = 1
+RDZV_NAMES = ("good", "refused", "in_use", "world", "interface", "give_up", "late")
 _rendezvous: dict = {}
 
 
@@ -488,7 +497,9 @@ def launch_rendezvous(impl, backend, tmp_path_factory, request, launcher):
     good: ranks 0 and 1 of 2; refused: rank 1 alone (nothing listens at the port); in_use:
     rank 0 on a port this process holds; world: rank 0 of 2 and rank 1 of 3, together;
     interface: rank 0 of 1 with GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME) naming no interface;
-    give_up: rank 1 alone, --give-up 2 and --timeout 10."""
+    give_up: rank 1 alone, --give-up 2 and --timeout 10; late: ranks 0 and 1 of 2, rank 1
+    reaching its first all_reduce RDZV_LATE s late (in "world", rank 1 reads the store
+    slowly)."""
 
     def launch():
         script = LESSON.path(impl).with_name("rendezvous.py")
@@ -506,16 +517,24 @@ def launch_rendezvous(impl, backend, tmp_path_factory, request, launcher):
             "world": [(0, 2), (1, 3)],
             "interface": [(0, 1)],
             "give_up": [(1, 2)],
+            "late": [(0, 2), (1, 2)],
+        }
+        chaos = {
+            "late": {"COURSE_LATE_ALL_REDUCE": f"1:{RDZV_LATE}"},
+            "world": {"COURSE_SLOW_STORE_READ": f"1:{RDZV_SLOW_READ}"},
         }
         jobs = {}
         for name in needed(request, RDZV_NAMES):
             for rank, world in setups[name]:
                 env = dict(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
                 env["MASTER_PORT"] = str(ports[name])
+                env.update(chaos.get(name, {}))
                 if name == "interface":
                     env[variable] = "nope0"
                 longer = RDZV_GOOD_TIMEOUT - RDZV_TIMEOUT if name == "good" else 0
                 args = [script, "--backend", backend, "--timeout", str(RDZV_TIMEOUT + longer)]
+                if name == "late":
+                    args[-1], longer = str(RDZV_LATE_TIMEOUT), RDZV_LATE + RDZV_LATE_TIMEOUT
                 if name == "give_up":
                     longer = RDZV_GIVE_UP_TIMEOUT - RDZV_TIMEOUT
                     args[-1:] = [str(RDZV_GIVE_UP_TIMEOUT), "--give-up", str(RDZV_GIVE_UP)]
@@ -547,9 +566,10 @@ def rendezvous_store(impl, tmp_path_factory, request, launcher):
     return launch_rendezvous(impl, "gloo", tmp_path_factory, request, launcher)
 
 
-def fails_fast_in_one_line(result, setting: str) -> str:
+def fails_fast_in_one_line(result, setting: str, cause: str = "") -> str:
     """The last line of a launch that must fail within the bound, with no traceback and no
-    C++ frames (PyTorch's own warnings may precede it); fails otherwise."""
+    C++ frames (PyTorch's own warnings may precede it); fails otherwise, naming `cause` if
+    it prints a traceback."""
     if result.timed_out:
         started = (
             f"{result.after_import:.0f} s after importing torch" if result.killed_after_import
@@ -566,7 +586,7 @@ def fails_fast_in_one_line(result, setting: str) -> str:
     noise = [line for line in lines if "Traceback" in line or line.lstrip().startswith("frame #")]
     assert lines and not noise, (
         f"{setting}: expected a line that says what is wrong, got {len(lines)} lines, "
-        f"{len(noise)} of them a traceback's or C++ frames':\n" + "\n".join(lines[-12:])
+        f"{len(noise)} of them a traceback's or C++ frames'. {cause}\n" + "\n".join(lines[-12:])
     )
     return lines[-1]  # the message: what the process said last
 
@@ -609,22 +629,88 @@ def test_rendezvous_port_in_use_fails_fast(rendezvous_store):
     )
 
 
+def sizes_by_rank(line: str) -> dict[int, int]:
+    """Which world size a message gives each rank: its "rank R" mentions and its world
+    sizes (the numbers 2 and 3 outside "rank R", an address and a port) read in order,
+    paired rank-then-size ("rank 1 was started with WORLD_SIZE=3") or size-then-rank
+    ("WORLD_SIZE=3 on rank 1"), whichever pairs more."""
+    tokens = [
+        ("rank", int(m[1])) if m[1] is not None else ("size", int(m[2]))
+        for m in re.finditer(r"\brank\s+(\d+)|(?<![\d.:])\b([23])\b(?!\.\d)", line)
+    ]  # fmt: skip
+    readings = []
+    for first, then in (("rank", "size"), ("size", "rank")):
+        found = {}
+        for (kind, value), (next_kind, next_value) in zip(tokens, tokens[1:]):
+            if kind == first and next_kind == then:
+                rank, size = (value, next_value) if first == "rank" else (next_value, value)
+                found.setdefault(rank, size)
+        readings.append(found)
+    return max(readings, key=len)
+
+
+def names_both_sizes(line: str, rank: int) -> None:
+    """Rank `rank`'s one line for world sizes 2 (rank 0) and 3 (rank 1): both sizes named,
+    each with its own rank where the line pairs them."""
+    assert re.search(r"\b2\b", line) and re.search(r"\b3\b", line), (
+        f"rank {rank} should name both world sizes, 2 (rank 0's) and 3 (rank 1's): {line}"
+    )
+    paired = sizes_by_rank(line)
+    wrong = {r: size for r, size in paired.items() if {0: 2, 1: 3}.get(r) != size}
+    assert not wrong, (
+        f"rank {rank}'s line gives rank 0 WORLD_SIZE={paired.get(0, '?')} and rank 1 "
+        f"WORLD_SIZE={paired.get(1, '?')}; expected 2 and 3 (the ranks were started so). "
+        f"Likely cause: the two ranks swapped in the message: {line}"
+    )
+
+
 @pytest.mark.exercise("rendezvous.py")
 @pytest.mark.core
 @pytest.mark.points(1)
 @pytest.mark.needs("world")
 def test_rendezvous_mismatched_world_sizes_fail_fast(rendezvous_store):
-    """Rank 0 started with WORLD_SIZE=2, rank 1 with 3: both fail within the bound, and
-    rank 0 (which knows the job's size) says so in one line that names both sizes. (Rank 1
-    may lose rank 0's store as rank 0 exits: only its exit within the bound is graded.)"""
+    """Rank 0 started with WORLD_SIZE=2, rank 1 with 3: both fail within the bound, each in
+    one line that names both sizes, each with its rank. Rank 1 reads the store slowly
+    (RDZV_SLOW_READ s a read): rank 0 must keep its store until the others have read, or
+    rank 1 gets the store's error instead of the diagnosis."""
     line = fails_fast_in_one_line(rendezvous_store["world"][0], "rank 0 of world sizes 2 and 3")
-    assert re.search(r"\b2\b", line) and re.search(r"\b3\b", line), (
-        f"rank 0 (WORLD_SIZE=2) should name both world sizes, 2 and 3: {line}"
+    names_both_sizes(line, 0)
+    line = fails_fast_in_one_line(
+        rendezvous_store["world"][1],
+        f"rank 1 of world sizes 2 and 3, reading the store {RDZV_SLOW_READ} s late",
+        cause="Likely cause: rank 0 raised before rank 1 read the store, and took the store "
+        "with it; wait until every rank has read",
     )
-    other = rendezvous_store["world"][1]
-    assert not other.timed_out and other.returncode != 0, (
-        f"rank 1 (WORLD_SIZE=3) should fail within {RDZV_BOUND} s of importing torch\n"
-        f"{other.describe()}"
+    assert re.search(r"\b2\b", line) and re.search(r"\b3\b", line), (
+        f"rank 1 (WORLD_SIZE=3, reading the store {RDZV_SLOW_READ} s late) should name both "
+        f"world sizes, 2 and 3: {line}. Likely cause: rank 0 raised before rank 1 read "
+        "the store, and took the store with it; wait until every rank has read"
+    )
+    names_both_sizes(line, 1)
+
+
+@pytest.mark.exercise("rendezvous.py")
+@pytest.mark.core
+@pytest.mark.points(1)
+@pytest.mark.needs("late")
+def test_rendezvous_collective_after_the_join_obeys_the_timeout(rendezvous_store):
+    """Ranks 0 and 1 of 2 join; then rank 1 reaches its first all_reduce RDZV_LATE s late.
+    Rank 0 must give up after --timeout (the group's timeout, init_process_group's
+    `timeout=`), not wait for rank 1 (PyTorch's default_pg_timeout: 30 minutes)."""
+    rank0, rank1 = rendezvous_store["late"][0], rendezvous_store["late"][1]
+    if "reaches its all_reduce" not in rank1.output:
+        pytest.fail(
+            f"rank 1 never reached its all_reduce: the two ranks did not join within "
+            f"--timeout {RDZV_LATE_TIMEOUT}, so the collective's timeout was not seen\n"
+            f"rank 0: {rank0.describe()}\nrank 1: {rank1.describe()}",
+            pytrace=False,
+        )
+    assert not rank0.timed_out and rank0.returncode != 0, (
+        f"rank 1 reached its all_reduce {RDZV_LATE} s after rank 0: expected rank 0 to fail "
+        f"after --timeout {RDZV_LATE_TIMEOUT} s; it "
+        + ("was still running, and killed" if rank0.timed_out else "waited and succeeded")
+        + ". Likely cause: init_process_group(...) without timeout=, so the group waits "
+        f"PyTorch's default\n{rank0.describe()}"
     )
 
 

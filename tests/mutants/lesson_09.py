@@ -196,6 +196,33 @@ MUTANTS = [
         caught_by="mismatched_world_sizes",
     ),
     dict(
+        name="rdzv_mismatch_ranks_swapped",
+        file=RDZV,
+        why="the mismatch reported with the two ranks swapped: each size given the other rank",
+        old='                f"rank {other} was started with WORLD_SIZE={size}, rank {rank} with "',
+        new='                f"rank {rank} was started with WORLD_SIZE={size}, rank {other} with "',
+        caught_by="mismatched_world_sizes",
+        says=("Likely cause: the two ranks swapped in the message",),
+    ),
+    dict(
+        name="rdzv_rank_0_leaves_before_the_reads",
+        file=RDZV,
+        why="rank 0 raises before the others have read: a slow reader gets the store's error",
+        old='        wait_until(deadline, lambda: store.check([f"read/{r}" for r in sizes]))\n',
+        new="        pass\n",
+        caught_by="mismatched_world_sizes",
+        says=("rank 0 raised before rank 1 read",),
+    ),
+    dict(
+        name="rdzv_group_without_timeout",
+        file=RDZV,
+        why="init_process_group without timeout=: a collective after a good join waits 30 min",
+        old="world_size=world_size, timeout=limit)",
+        new="world_size=world_size)",
+        caught_by="collective_after_the_join_obeys_the_timeout",
+        says=("without timeout=",),
+    ),
+    dict(
         name="rdzv_interface_not_checked",
         file=RDZV,
         why="no interface check: gloo's enforce failure, a traceback",
@@ -361,7 +388,7 @@ ALTERNATIVES = [
         "head used in forward instead of removed; hang: DistributedSampler's padded shards; "
         "flight recorder: the rank behind found first, by sequence number; "
         "rendezvous: rank 0 tries the port itself and exits with sys.exit, store.wait with a "
-        "timeout; starved: DataLoader's defaults besides the workers; silent: sampler.epoch "
+        "timeout, the mismatch said size first; starved: DataLoader's defaults besides the workers; silent: sampler.epoch "
         "set directly, seed + rank, the counts gathered with all_gather",
         old='reduction="sum") / len(labels)\n',
         new=") * (len(y) / len(labels))\n",
@@ -426,6 +453,19 @@ ALTERNATIVES = [
                 file=RDZV,
                 old="        )\n    sizes = {",
                 new="        ) from None\n    sizes = {",
+            ),
+            dict(  # the mismatch said size first, the group's timeout written inline
+                file=RDZV,
+                old='                f"rank {other} was started with WORLD_SIZE={size}, rank {rank} with "\n'
+                '                f"WORLD_SIZE={world_size}: start every rank with the same one"\n',
+                new='                f"WORLD_SIZE={size} on rank {other} but WORLD_SIZE={world_size} on "\n'
+                '                f"rank {rank}"\n',
+            ),
+            dict(
+                file=RDZV,
+                old="world_size=world_size, timeout=limit)",
+                new="world_size=world_size,\n"
+                "                            timeout=timedelta(seconds=timeout))",
             ),
             dict(
                 file=STARVED,
