@@ -30,6 +30,7 @@ batch by rounding too; a loss divided by the world size is 5.1e-3 to 6.5e-3 away
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import re
 import socket
@@ -641,7 +642,7 @@ def sizes_by_rank(line: str) -> dict[int, int]:
     readings = []
     for first, then in (("rank", "size"), ("size", "rank")):
         found = {}
-        for (kind, value), (next_kind, next_value) in zip(tokens, tokens[1:]):
+        for (kind, value), (next_kind, next_value) in itertools.pairwise(tokens):
             if kind == first and next_kind == then:
                 rank, size = (value, next_value) if first == "rank" else (next_value, value)
                 found.setdefault(rank, size)
