@@ -151,7 +151,7 @@ def swap_first_all_reduce(rank: int) -> None:
 
 
 def rank_and_seconds(value: str) -> tuple[int, float]:
-    """"1:8" -> (1, 8.0): a probe's rank and its seconds."""
+    """ "1:8" -> (1, 8.0): a probe's rank and its seconds."""
     rank, _, seconds = value.partition(":")
     return int(rank), float(seconds)
 
