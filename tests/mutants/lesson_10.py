@@ -258,6 +258,83 @@ MUTANTS = [
     ),
 ]
 
+MUTANTS += [
+    dict(
+        file=FSDP,
+        name="prefetch_the_layer_after_next",
+        why="the prefetch fetches the layer after next: a full weight held a layer longer",
+        old="        if not self.first_forward and self.position + 1 < len(self.order):\n"
+        "            nxt = self.order[self.position + 1]\n",
+        new="        if not self.first_forward and self.position + 2 < len(self.order):\n"
+        "            nxt = self.order[self.position + 2]\n",
+        caught_by="travels_while",
+        says=("the layer after next prefetched",),
+    ),
+    dict(
+        file=FSDP,
+        name="reduce_scatter_in_bf16",
+        why="gradients reduce-scattered in the compute dtype: bf16 sums lose their low bits",
+        old="        flat = grad.reshape(-1).float()  # reduce in fp32, whatever the compute dtype\n",
+        new="        flat = grad.reshape(-1)\n",
+        also=[
+            dict(
+                file=FSDP,
+                old="        mine = torch.empty(flat.numel() // ctx.world, device=flat.device)\n",
+                new="        mine = torch.empty(flat.numel() // ctx.world, device=flat.device,\n"
+                "                           dtype=flat.dtype)\n",
+            ),
+            dict(
+                file=FSDP,
+                old="        return mine / ctx.world, None, None",
+                new="        return mine.float() / ctx.world, None, None",
+            ),
+        ],  # fmt: skip
+        caught_by="communicate_and_compute_in_that_dtype",
+        says=("backward's reduce-scatters sent",),
+    ),
+    dict(
+        file=FSDP,
+        name="bytes_without_gradients",
+        why="the printed bytes count the parameters but not their gradients",
+        old="for t in (p, p.grad))",
+        new="for t in (p,))",
+        caught_by="half_the_bytes",
+        says=("Likely cause: the gradients not counted",),
+    ),
+    dict(
+        file=FSDP2,
+        name="save_gathers_full_state_dicts",
+        why="save() gathers full state dicts: every rank receives the whole model and moments",
+        old="    model_state, optim_state = get_state_dict(model, optimizer)\n"
+        '    state = {"model": model_state, "optim": optim_state, "step": torch.tensor(step)}\n',
+        new="    from torch.distributed.checkpoint.state_dict import StateDictOptions\n"
+        "    full = StateDictOptions(full_state_dict=True)\n"
+        "    model_state, optim_state = get_state_dict(model, optimizer, options=full)\n"
+        '    state = {"model": model_state, "optim": optim_state, "step": torch.tensor(step)}\n',
+        caught_by="own_shards_and_returns",
+        says=("full state dicts",),
+    ),
+    dict(
+        file=FSDP2,
+        name="save_returns_before_the_rename",
+        why="no barrier after rank 0's rename: other ranks return before the folder exists",
+        old="        os.replace(temporary, final)\n    dist.barrier()\n",
+        new="        os.replace(temporary, final)\n",
+        caught_by="own_shards_and_returns",
+        says=("no dist.barrier() after rank 0's",),
+    ),
+    dict(
+        file=FSDP2,
+        name="load_without_set_state_dict",
+        why="dcp.load fills the tensors in place, but the learning rate is never put back",
+        old='    set_state_dict(model, optimizer, model_state_dict=state["model"],\n'
+        '                   optim_state_dict=state["optim"])  # fmt: skip\n',
+        new="",
+        caught_by="resumes_on_3_and_on_1",
+        says=("(set_state_dict)",),
+    ),
+]
+
 ALTERNATIVES = [
     dict(
         name="keyword_collectives_and_live_state",

@@ -14,11 +14,11 @@ Every collective the submission issues is recorded below the Python API by the g
 kit's CommRecorder (course/grader/comm.py), whatever the call's form: its kind, the phase
 (forward, backward, finish), its dtype and size. Wrappers of the Python functions,
 installed before the submission is loaded, only note when an async one was waited for.
-A forward hook of the grader's on every leaf layer, run before the submission's own,
-marks where each layer's computation ended:
-an all-gather issued before that and waited for after it travelled while a layer
-computed (the prefetch); one issued in a post-forward hook, after the layer computed,
-overlaps no layer.
+A forward hook of the grader's on every layer that holds a 2-D weight, run before the
+submission's own, marks where each such layer's computation ended: an all-gather issued
+before one end and waited for after it travelled while that layer computed (the
+prefetch); one issued in a post-forward hook, after the layer computed, overlaps no
+layer; one that spans two ends was fetched a layer too early.
 """
 
 from __future__ import annotations
@@ -156,10 +156,11 @@ def reachable_bytes(root, module_name: str) -> int:
 
 def train(lesson, log: Log, rank: int, world: int, device, dtype_name: str):
     model = m.build().to(device)
+    weighted = [mod for mod in model.modules() if getattr(mod, "weight", None) is not None
+                and mod.weight.ndim == 2]  # fmt: skip
     fsdp = lesson.MiniFSDP(model, compute_dtype=m.DTYPES[dtype_name])
-    for layer in model.modules():  # before MiniFSDP's own: the moment the layer computed
-        if not list(layer.children()):
-            layer.register_forward_hook(lambda *_: log.ends.append(log.tick()), prepend=True)
+    for layer in weighted:  # before MiniFSDP's own: the moment a weighted layer computed
+        layer.register_forward_hook(lambda *_: log.ends.append(log.tick()), prepend=True)
     optimizer = m.sgd(fsdp.parameters())
     half = m.BATCH // world
     notes = {"steps": []}

@@ -11,16 +11,21 @@ shard: on 2 ranks, the submission's shard() in two settings, fp32 with reshardin
     and full sizes, the dtype a block's Linear saw in forward, which blocks' parameters
     were still whole after forward, the dtypes every all-gather and reduce-scatter carried,
     and (fp32) the full parameters after STEPS steps.
-checkpoint: 2 ranks train SAVE_AT steps and call save(); one more step, then a save whose
+checkpoint: 2 ranks train SAVE_AT steps, lower the learning rate (as a scheduler would)
+    and call save(), recording what each rank sends during it and whether the folder is
+    there when it returns (rank 0's renames slowed); one more step, then a save whose
     writer fails before its metadata (as a crash would). Then 3 ranks, and 1 rank, build
     the model from another seed, load() the checkpoint and train to STEPS. Each reports
-    what it loaded and where it ended.
+    what it loaded, its learning rates and where it ended.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -35,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lesson_10_models as m  # noqa: E402
 
 from course.grader.cases import Cases, Tensors  # noqa: E402
+from course.grader.comm import CommRecorder  # noqa: E402
 
 cases = Cases()
 
@@ -151,6 +157,41 @@ class CrashBeforeMetadata(RuntimeError):
     pass
 
 
+@contextlib.contextmanager
+def slow_renames(rank: int, seconds: float = 0.5):
+    """On rank 0, each rename waits `seconds` first (os.rename and os.replace, which
+    Path.rename, Path.replace and shutil.move call): a rank that returns from save() before
+    rank 0 has put the folder in place sees no folder."""
+    if rank != 0:
+        yield
+        return
+    originals = {name: getattr(os, name) for name in ("rename", "replace")}
+
+    def slowed(name):
+        def rename(*args, **kwargs):
+            time.sleep(seconds)
+            return originals[name](*args, **kwargs)
+
+        return rename
+
+    for name in originals:
+        setattr(os, name, slowed(name))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(os, name, original)
+
+
+def shard_bytes(model, optimizer) -> int:
+    """Bytes of this rank's own shards: its parameters' local parts and AdamW's moments."""
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
+    moments = [t.to_local() if isinstance(t, DTensor) else t
+               for state in optimizer.state.values() for t in state.values()
+               if torch.is_tensor(t) and t.ndim > 0]  # fmt: skip
+    return sum(t.numel() * t.element_size() for t in local + moments)
+
+
 def _save(rank, world, port, out, lesson_file, backend):
     from course import ranks
     from course.grader import submission
@@ -164,7 +205,13 @@ def _save(rank, world, port, out, lesson_file, backend):
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
         for step in range(1, SAVE_AT + 1):
             train_step(model, optimizer, step, rank, world, summed)
-        saved = lesson.save(model, optimizer, SAVE_AT, Path(out) / "ckpt")
+        optimizer.param_groups[0]["lr"] = m.LR2_SAVED  # as a scheduler would: saved, restored
+        recorder = CommRecorder()
+        with recorder, slow_renames(rank):
+            saved = lesson.save(model, optimizer, SAVE_AT, Path(out) / "ckpt")
+        there = saved.is_dir()  # on every rank, the moment save() returned
+        # The values it sends, not the pickled metadata (uint8) DCP's planning exchanges.
+        sent = sum(r["bytes"] for r in recorder.records if "torch.uint8" not in r["dtypes"])
         tensors = {f"saved/{k}": v for k, v in full_params(model).items()}
         tensors |= {f"saved_moment/{k}": v for k, v in full_moments(model, optimizer).items()}
         train_step(model, optimizer, SAVE_AT + 1, rank, world, summed)
@@ -181,10 +228,13 @@ def _save(rank, world, port, out, lesson_file, backend):
             crashed = type(err).__name__  # in its CheckpointException, a BaseException
         finally:
             writer.finish = finish
-        dist.barrier()
+        seen = [None] * world
+        dist.all_gather_object(seen, {"there": there, "sent": sent})
         if rank == 0:
             latest = lesson.latest(Path(out) / "ckpt")
-            notes = {"saved": str(saved), "crashed": crashed, "latest": str(latest)}
+            notes = {"saved": str(saved), "crashed": crashed, "latest": str(latest),
+                     "there": [n["there"] for n in seen], "sent": [n["sent"] for n in seen],
+                     "shard_bytes": shard_bytes(model, optimizer)}  # fmt: skip
             (Path(out) / "save.json").write_text(json.dumps(notes))
             torch.save(tensors, Path(out) / "save.pt")
         dist.barrier()
@@ -213,7 +263,8 @@ def _resume(rank, world, port, out, lesson_file, backend):
         tensors |= {f"{world}/end/{k}": v for k, v in full_params(model).items()}
         if rank == 0:
             torch.save(tensors, Path(out) / f"resume{world}.pt")
-            (Path(out) / f"resume{world}.json").write_text(json.dumps({"step": int(step)}))
+            notes = {"step": int(step), "lr": [g["lr"] for g in optimizer.param_groups]}
+            (Path(out) / f"resume{world}.json").write_text(json.dumps(notes))
         dist.barrier()
     finally:
         dist.destroy_process_group()

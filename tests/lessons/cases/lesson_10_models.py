@@ -138,6 +138,9 @@ def fsdp_reference(steps: int = FSDP_STEPS) -> dict:
 # BATCH2 sequences a step in all, split over 1, 2 or 3 ranks.
 VOCAB2, DIM2, DEPTH2, SEQ2, BATCH2 = 16, 32, 2, 8, 12
 SEED2, LR2, STEPS2, SAVE_AT2 = seed(3), 3e-3, 5, 3
+# The checkpoint case lowers the learning rate just before it saves (as a scheduler would):
+# a load that skips set_state_dict resumes at the optimizer's initial one.
+LR2_SAVED = LR2 / 3
 
 
 def fsdp2_model(seed: int | None = None) -> nn.Module:
@@ -168,10 +171,13 @@ def fsdp2_step(model, optimizer, step: int, rank: int = 0, world: int = 1, summe
     optimizer.zero_grad(set_to_none=True)
 
 
-def fsdp2_reference(steps: int = STEPS2, seed: int | None = None) -> dict:
-    """Parameters by name after `steps` AdamW steps in one process on the whole batch."""
+def fsdp2_reference(steps: int = STEPS2, seed: int | None = None, lower_at: int = 0) -> dict:
+    """Parameters by name after `steps` AdamW steps in one process on the whole batch; the
+    learning rate LR2_SAVED after step `lower_at` (if not 0), as the checkpoint case."""
     model = fsdp2_model(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR2)
     for step in range(1, steps + 1):
         fsdp2_step(model, optimizer, step)
+        if step == lower_at:
+            optimizer.param_groups[0]["lr"] = LR2_SAVED
     return {k: v.detach().clone() for k, v in model.named_parameters()}
