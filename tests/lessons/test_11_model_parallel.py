@@ -302,8 +302,10 @@ def hand_run() -> dict:
 
 
 def hand_flags(run: dict) -> list[str]:
+    """--stage-ms 1: the stages print their bubble and theory's, (p - 1)/(m + p - 1), at
+    more than two stages (1 ms a forward, 2 a backward: 0.5 s a stage over 20 steps)."""
     return ["--nproc", str(run["nproc"]), "--schedule", run["schedule"],
-            "--micro-batches", str(run["micro"])]  # fmt: skip
+            "--micro-batches", str(run["micro"]), "--stage-ms", "1"]  # fmt: skip
 
 
 @pytest.fixture
@@ -398,10 +400,10 @@ def test_the_scripts_own_schedule_pipelines_over_more_stages(runs, script_refere
     """pipeline.py with its own gpipe or one_f_one_b, on 3 or 4 gloo stages, 4 or 8
     micro-batches (drawn from the grading seed), --seed 1, 20 steps: the losses of the same
     model trained whole in one process; each stage prints the most micro-batches' activations
-    it kept (GPipe: all; 1F1B: stages - rank); and, seen below torch.distributed by the
-    grading kit's recorder, each stage sends one activation a micro-batch to the next stage
-    and one gradient to the previous, of one micro-batch's size, in float32, and nothing
-    else to anyone."""
+    it kept (GPipe: all; 1F1B: stages - rank) and theory's bubble for its p and m; and,
+    seen below torch.distributed by the grading kit's recorder, each stage sends one
+    activation a micro-batch to the next stage and one gradient to the previous, of one
+    micro-batch's size, in float32, and nothing else to anyone."""
     run = hand_run()
     p, micro, schedule = run["nproc"], run["micro"], run["schedule"]
     what = "pipeline.py " + " ".join(hand_flags(run)) + " (drawn from the grading seed)"
@@ -429,6 +431,13 @@ def test_the_scripts_own_schedule_pipelines_over_more_stages(runs, script_refere
             f"{want}" + ("" if messages else ". None at all: every rank ran the whole model "
                          "itself, or another way than torch.distributed's messages")
         )  # fmt: skip
+    theory = {int(r): float(t) for r, _, t in BUBBLE.findall(out)}
+    expected = round((p - 1) / (micro + p - 1), 3)
+    assert theory == dict.fromkeys(range(p), expected), (
+        f"{what}: the theory each stage printed beside its bubble, by stage: {theory}; "
+        f"expected (p-1)/(m+p-1) = ({p}-1)/({micro}+{p}-1) = {expected:.3f} on each of the "
+        f"{p} stages"
+    )
     alive = {int(r): (int(a), int(t)) for r, a, t in ALIVE.findall(out)}
     want = {r: (micro if schedule == "gpipe" else min(p - r, micro), micro) for r in range(p)}
     assert alive == want, (
@@ -503,9 +512,11 @@ def _tp_exact(found_tensors, tp_reference, what: str) -> None:
             )
         held = found[str(rank)]["held"]
         assert held <= share, (
-            f"{what}, rank {rank}: holds {held:,} parameter values; the block has "
-            f"{sum(p.numel() for p in block.parameters()):,}, and split in {m.TP_WORLD} its "
-            f"MLP weights leave {share:,} per rank: up's and down's weights are not split"
+            f"{what}, rank {rank}: its parameters' storages hold {held:,} values; the block "
+            f"has {sum(p.numel() for p in block.parameters()):,}, and split in {m.TP_WORLD} "
+            f"its MLP weights leave {share:,} per rank. Likely causes: up's and down's "
+            "weights not split, or a slice kept as a view of the whole weight (its storage "
+            "stays whole: .clone() it)"
         )
 
 
@@ -523,12 +534,12 @@ def test_the_split_mlp_computes_what_the_whole_block_computes(impl, tmp_path_fac
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_one_all_reduce_in_forward_and_one_in_backward(impl, tmp_path_factory):
-    """Counted by the grader on every call to torch.distributed: the split block's forward
+    """Recorded by the grader below torch.distributed's API: the split block's forward
     makes one collective (g's all-reduce) and its backward one (f's), on each rank."""
     found, _ = _tp(impl, tmp_path_factory, "by_hand")
     for rank in range(m.TP_WORLD):
         calls = found[str(rank)]["calls"]
-        by_phase = {p: [n for n, q in calls if q == p] for p in ("forward", "backward", "again")}
+        by_phase = {p: [n for n, q, _ in calls if q == p] for p in PHASES}
         counts = {p: len(names) for p, names in by_phase.items()}
         assert counts == {"forward": 1, "backward": 1, "again": 1}, (
             f"rank {rank}: torch.distributed calls by phase {by_phase}; Megatron's split "
@@ -538,12 +549,36 @@ def test_one_all_reduce_in_forward_and_one_in_backward(impl, tmp_path_factory):
         )
 
 
+PHASES = ("forward", "backward", "again")
+
+
 @pytest.mark.exercise("tensor.py")
 @pytest.mark.points(2)
 def test_dtensor_split_computes_the_same(impl, tmp_path_factory, tp_reference):
     """parallelize() on a 1-D mesh of 2 CPU ranks: the same output, input gradient and
-    output after one step, and half of up's and down's weights on each rank."""
-    _tp_exact(_tp(impl, tmp_path_factory, "dtensor"), tp_reference, "parallelize")
+    output after one step, and half of up's and down's weights on each rank; recorded below
+    the API, DTensor's collectives are Megatron's: one all-reduce of the block's output in
+    each forward, one of the input's gradient in backward, nothing else (no gather of the
+    column-parallel output)."""
+    ran = _tp(impl, tmp_path_factory, "dtensor")
+    _tp_exact(ran, tp_reference, "parallelize")
+    found, _ = ran
+    for rank in range(m.TP_WORLD):
+        calls = found[str(rank)]["calls"]
+        by_phase = {p: sorted(n for n, q, _ in calls if q == p) for p in PHASES}
+        want = {p: ["all_reduce"] for p in PHASES}
+        assert by_phase == want, (
+            f"parallelize, rank {rank}: DTensor's collectives by phase were {by_phase}; "
+            f"expected {want}: up split by its output features (ColwiseParallel), down by "
+            "its input features (RowwiseParallel), the hidden activations left sharded "
+            "between them. "
+            + (
+                "Likely cause: up's output gathered whole (output_layouts=Replicate()), then "
+                "split again for down"
+                if any("all_gather" in v for v in by_phase.values())
+                else ""
+            )
+        )
 
 
 HOLDS = re.compile(r"rank 0 holds ([\d,]+) parameter bytes of ([\d,]+)")

@@ -166,6 +166,52 @@ MUTANTS = [
     ),
 ]
 
+MUTANTS += [
+    dict(
+        file=TENSOR,
+        name="slices_kept_as_views",
+        why="the weight slices kept as views: each rank's storage is still the whole weight",
+        old="        self.up_weight = nn.Parameter(up.weight.detach().chunk(world, 0)[rank].clone())\n",
+        new="        self.up_weight = nn.Parameter(up.weight.detach().chunk(world, 0)[rank])\n",
+        also=[
+            dict(
+                file=TENSOR,
+                old="        self.down_weight = nn.Parameter(down.weight.detach().chunk(world, 1)[rank].clone())\n",
+                new="        self.down_weight = nn.Parameter(down.weight.detach().chunk(world, 1)[rank])\n",
+            )
+        ],  # fmt: skip
+        caught_by="split_mlp_computes",
+        says=("a slice kept as a view",),
+    ),
+    dict(
+        file=TENSOR,
+        name="dtensor_gathers_the_hidden_activations",
+        why="up's output gathered whole, then split again for down: an all-gather too many",
+        old='{"up": ColwiseParallel(), "down": RowwiseParallel()}',
+        new='{"up": ColwiseParallel(output_layouts=Replicate()),\n'
+        '                                              "down": RowwiseParallel(input_layouts=Replicate())}',
+        also=[
+            dict(
+                file=TENSOR,
+                old="    ### BEGIN SOLUTION\n    return parallelize_module(",
+                new="    from torch.distributed.tensor import Replicate\n\n"
+                "    ### BEGIN SOLUTION\n    return parallelize_module(",
+            )
+        ],  # fmt: skip
+        caught_by="dtensor_split",
+        says=("up's output gathered whole",),
+    ),
+    dict(
+        file=FILE,
+        name="bubble_theory_without_its_numerator",
+        why="the printed theory 1/(m+p-1): right only at 2 stages, where p - 1 = 1",
+        old="theory, median = (world - 1) / (m + world - 1),",
+        new="theory, median = 1 / (m + world - 1),",
+        caught_by="pipelines_over_more_stages",
+        says=("the theory each stage printed beside its bubble",),
+    ),
+]
+
 ALTERNATIVES = [
     dict(
         name="reversed_backwards_and_a_counted_1f1b",

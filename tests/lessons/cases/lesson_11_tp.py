@@ -5,13 +5,13 @@ Run by tests/lessons/test_11_model_parallel.py as `python lesson_11_tp.py LESSON
 Each rank builds the grader's block (tests/lessons/cases/lesson_11_models.py), splits it with the
 submission's ParallelBlock (case `by_hand`) or parallelize (case `dtensor`), runs one
 forward and backward on the same input as every other rank, takes one SGD step and runs
-a second input. Every collective of torch.distributed the submission calls is counted,
-by phase. The test compares the outputs and the input's gradient with the whole block.
+a second input. Every collective the submission makes is recorded by phase, below the
+Python API (the grading kit's CommRecorder: DTensor's redistributions too), with what it
+sends. The test compares the outputs and the input's gradient with the whole block.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path
@@ -23,25 +23,21 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lesson_11_models as m  # noqa: E402
 
 from course.grader.cases import Cases, Tensors  # noqa: E402
+from course.grader.comm import CommRecorder  # noqa: E402
 
 cases = Cases()
 REQUIRES = ("ParallelBlock", "parallelize")
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-               "reduce_scatter_tensor", "broadcast", "reduce", "all_to_all",
-               "all_to_all_single", "send", "recv", "isend", "irecv", "barrier")  # fmt: skip
 
 
-def _counting(log: list, phase: list):
-    """torch.distributed's collectives, each noting (its name, the phase) when called."""
-    for name in COLLECTIVES:
-        original = getattr(dist, name)
-
-        @functools.wraps(original)
-        def counted(*args, _name=name, _original=original, **kwargs):
-            log.append((_name, phase[0]))
-            return _original(*args, **kwargs)
-
-        setattr(dist, name, counted)
+def held_values(module) -> int:
+    """The values of the storages behind `module`'s parameters (each once): a slice kept as
+    a view keeps its whole weight's storage alive, and counts as the whole."""
+    storages = {}
+    for p in module.parameters():
+        local = getattr(p, "_local_tensor", p)
+        storage = local.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes() // local.element_size()
+    return sum(storages.values())
 
 
 def _rank(rank, world, port, out, lesson_file, how):
@@ -59,20 +55,21 @@ def _rank(rank, world, port, out, lesson_file, how):
             from torch.distributed.device_mesh import init_device_mesh
 
             split = lesson.parallelize(block, init_device_mesh("cpu", (world,)))
-        log, phase = [], ["forward"]
-        _counting(log, phase)
+        recorder = CommRecorder()
         x, weights, after = m.tp_inputs()
         x = x.clone().requires_grad_()
-        output = split(x)
-        phase[0] = "backward"
-        (output * weights).sum().backward()
-        phase[0] = "step"
-        held = sum(getattr(p, "_local_tensor", p).numel() for p in split.parameters())
-        with torch.no_grad():
-            for p in split.parameters():
-                p -= m.TP_LR * p.grad
-            phase[0] = "again"
-            again = split(after)
+        with recorder:
+            with recorder.during("forward"):
+                output = split(x)
+            with recorder.during("backward"):
+                (output * weights).sum().backward()
+            held = held_values(split)
+            with torch.no_grad(), recorder.during("step"):
+                for p in split.parameters():
+                    p -= m.TP_LR * p.grad
+            with torch.no_grad(), recorder.during("again"):
+                again = split(after)
+        log = [(r["op"], r["phase"], r["bytes"]) for r in recorder.records]
         tensors = {"output": output.detach(), "input_grad": x.grad, "again": again}
         torch.save(tensors, Path(out) / f"rank{rank}.pt")
         found = {"calls": log, "held": held}
