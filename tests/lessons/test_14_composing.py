@@ -103,7 +103,7 @@ def test_the_mesh_groups_are_the_ones_the_page_draws(impl, tmp_path_factory):
 @pytest.mark.points(2)
 def test_each_stage_holds_an_even_cut(impl, tmp_path_factory):
     """stage_of on 4 blocks and 2 stages: stage 0 holds blocks 0-1 and the embedding,
-    stage 1 blocks 2-3, the norm and the head."""
+    stage 1 blocks 2-3, the norm and the head (each checked)."""
     found, _ = _case(impl, tmp_path_factory, "layout")
     for rank, seen in _ranks(found).items():
         stage = seen["stage"]
@@ -111,6 +111,11 @@ def test_each_stage_holds_an_even_cut(impl, tmp_path_factory):
         assert seen["blocks"] == want, (
             f"rank {rank}, stage {stage}: holds blocks {seen['blocks']}, expected {want} "
             "(4 blocks, the same number on each of 2 stages)"
+        )
+        assert seen["norm"] == (stage == 1), (
+            f"rank {rank}, stage {stage}: the final norm {'kept' if seen['norm'] else 'gone'}; "
+            "expected it on the last stage only (it runs just before the head). Likely "
+            "cause: only the head set to None on the other stages"
         )
         assert (seen["embed"], seen["head"]) == (stage == 0, stage == 1), (
             f"rank {rank}, stage {stage}: embedding {'kept' if seen['embed'] else 'gone'}, "
@@ -122,7 +127,7 @@ def test_each_stage_holds_an_even_cut(impl, tmp_path_factory):
 @pytest.mark.core
 @pytest.mark.points(3)
 def test_step_one_equals_one_process_on_the_whole_batch(impl, tmp_path_factory):
-    """Step 1 on (pp 2, dp 2, tp 2) with 2 or 4 micro-batches (drawn): the loss (the mean
+    """Step 1 on (pp 2, dp 2, tp 2) with 4 or 8 micro-batches (drawn): the loss (the mean
     over the last stage's data-parallel ranks) and every gradient, gathered whole, equal
     one process's on the whole batch within EXACT; the stages' parameters are named as in
     the whole model, and together they are the whole model's, once."""
@@ -189,18 +194,32 @@ def test_each_collective_runs_on_its_axis(impl, tmp_path_factory):
         assert types == {"torch.float32"}, f"rank {rank}: step 2 sent {sorted(types)}"
 
 
-def _stage_bytes(stage: int, tp: int) -> tuple[int, int]:
-    """(bytes of the stage's parameters on one tp rank, how many FSDP-sharded tensors)."""
+def _units(stage: int, tp: int, pp: int = 2) -> dict[str, tuple[int, int]]:
+    """The FSDP units of stage `stage` of `pp`, each block and the root (what no block
+    claims): {unit: (bytes of its parameters on one tp rank, how many tensors)}."""
     model = m.whole(SEED)
-    keep = {f"blocks.{b}." for b in m.blocks_of(stage, 2)}
-    keep |= {"embed."} if stage == 0 else {"norm.", "head."}
-    total, count = 0, 0
+    blocks = m.blocks_of(stage, pp)
+    root = ({"embed."} if stage == 0 else set()) | (
+        {"norm.", "head."} if stage == pp - 1 else set()
+    )
+    units: dict[str, tuple[int, int]] = {}
     for name, p in model.named_parameters():
-        if any(name.startswith(k) for k in keep):
-            split = name.endswith(("up.weight", "up.bias", "down.weight"))
-            total += p.nbytes // (tp if split else 1)
-            count += 1
-    return total, count
+        if name.startswith("blocks.") and int(name.split(".")[1]) in blocks:
+            unit = ".".join(name.split(".")[:2])
+        elif any(name.startswith(k) for k in root):
+            unit = "root"
+        else:
+            continue
+        split = name.endswith(("up.weight", "up.bias", "down.weight"))
+        size, count = units.get(unit, (0, 0))
+        units[unit] = (size + p.nbytes // (tp if split else 1), count + 1)
+    return units
+
+
+def _stage_bytes(stage: int, tp: int, pp: int = 2) -> tuple[int, int]:
+    """(bytes of the stage's parameters on one tp rank, how many FSDP-sharded tensors)."""
+    units = _units(stage, tp, pp).values()
+    return sum(size for size, _ in units), sum(count for _, count in units)
 
 
 @pytest.mark.points(2)
@@ -209,7 +228,8 @@ def test_each_collective_moves_what_its_axis_owes(impl, tmp_path_factory):
     m micro-batches x 2 all-reduces (forward and backward) of one micro-batch's
     activation; pp m sends and m receives of one; dp reduce-scatters of its stage's
     tp-local gradients, whole, once; all-gathers of at least its shard, at most 2m
-    times, each receiving 2 x what it sends."""
+    times, each receiving 2 x what it sends and none more than one FSDP unit (a block, or
+    the root's leftovers)."""
     found, _ = _case(impl, tmp_path_factory, "composed")
     micro = found["micro_batches"]
     activation = m.BATCH // 2 // micro * 16 * m.DIM * 4  # (rows, 16 tokens, dim) float32
@@ -248,9 +268,44 @@ def test_each_collective_moves_what_its_axis_owes(impl, tmp_path_factory):
         assert all(r["received"] == 2 * r["bytes"] for r in by["all_gather"]), (
             f"rank {rank}: an all-gather received other than 2 x what it sent (dp is 2)"
         )
+        units = _units(seen["stage"], 2)
+        biggest, tensors = max(units.values())
+        largest = max((r["received"] for r in by["all_gather"]), default=0)
+        assert largest <= biggest + 4 * 2 * tensors, (
+            f"rank {rank}: step 2's largest all-gather received {largest} bytes; its stage's "
+            f"largest FSDP unit (a block, or the root's leftovers) holds {biggest} on one tp "
+            f"rank, units {dict((k, v[0]) for k, v in units.items())}. Likely cause: the "
+            "whole stage sharded as one unit (fully_shard on the root only), so all its "
+            "weights are gathered at once and held through backward"
+        )
 
 
 # --- shapes, and a checkpoint resumed on another -------------------------------------
+
+
+def _composes(found) -> None:
+    """Every shape of the shapes case, and the resumed one, used each of its axes: on each
+    stage and tp rank, the dp ranks' local parts add up to the stage's parameters on one tp
+    rank, once. Without the pipeline a rank holds every stage; without tensor parallelism
+    the whole MLP weights; with replicas (DDP) instead of FSDP, dp copies."""
+    shapes = {",".join(map(str, s)): s for s in m.SHAPES} | {"resumed": m.RESUMED}
+    for name, (pp, dp, tp) in shapes.items():
+        sums: dict[tuple[int, int], int] = defaultdict(int)
+        for seen in _ranks(found).values():
+            held = seen["held"][name]
+            sums[held["stage"], held["tp_rank"]] += held["local_bytes"]
+        want = {
+            (stage, t): _stage_bytes(stage, tp, pp)[0] for stage in range(pp) for t in range(tp)
+        }
+        what = "resumed on " if name == "resumed" else ""
+        assert dict(sums) == want, (
+            f"{what}mesh (pp {pp}, dp {dp}, tp {tp}): the bytes of the local parameters, "
+            f"added over each (stage, tp rank)'s {dp} dp rank(s), are {dict(sums)}; expected "
+            f"{want}: each stage's parameters, the MLP's split in {tp}, sharded once over dp. "
+            "Likely causes: an axis skipped (no stage cut, no tensor parallelism, or whole "
+            "replicas instead of FSDP2's shards), so the curves below do not show the "
+            "composition"
+        )
 
 
 def _curve(found, name: str) -> list[float]:
@@ -279,8 +334,10 @@ def _follows(got: list[float], want: list[float], what: str) -> None:
 def test_every_shape_follows_the_1d_fsdp_control(impl, tmp_path_factory):
     """The same seed and global batch, 4 steps: the 1-D FSDP control (dp 8) follows one
     process, and (dp 2, tp 4), (dp 4, tp 2) and (pp 2, dp 2, tp 2) follow the control,
-    each step within CURVE; the control learns."""
+    each step within CURVE; the control learns. Every shape holds what its axes make it
+    hold (_composes): a shape that skips an axis does not count as one."""
     found, _ = _case(impl, tmp_path_factory, "shapes")
+    _composes(found)
     reference = _reference()[0]
     control = _curve(found, "1,8,1")
     _follows(control, reference, "the 1-D FSDP control (dp 8) against one process")
@@ -311,6 +368,7 @@ def test_a_checkpoint_of_one_shape_resumes_on_another(impl, tmp_path_factory):
     on (dp 4, tp 2): every weight and AdamW first moment, gathered whole, equals the saved
     one exactly, and steps 3-4 follow the control within CURVE."""
     found, tensors = _case(impl, tmp_path_factory, "shapes")
+    _composes(found)
     _same_state(tensors, "loaded", "loaded on (dp 4, tp 2)")
     control = _curve(found, "1,8,1")
     _follows(_curve(found, "resumed"), control[m.SAVED_AT :], "resumed on (dp 4, tp 2)")
@@ -321,6 +379,7 @@ def test_one_process_resumes_it_too(impl, tmp_path_factory):
     """The same checkpoint loaded into the whole model in one process, no process group:
     weights and first moments equal the saved ones, and steps 3-4 follow the control."""
     found, tensors = _case(impl, tmp_path_factory, "shapes")
+    _composes(found)
     _same_state(tensors, "single", "loaded in one process")
     control = _curve(found, "1,8,1")
     _follows(found["single"], control[m.SAVED_AT :], "resumed in one process")
@@ -330,31 +389,42 @@ def test_one_process_resumes_it_too(impl, tmp_path_factory):
 
 _runs: dict = {}
 STEP = re.compile(r"step (\d+)/30: loss ([\d.]+)")
+RESUME_TO = 32  # the resumed run's --steps: two more than the saved 30
 
 
 @pytest.fixture
 def runs(impl, tmp_path_factory, launcher):
-    """compose.py on 4 ranks (pp 2, dp 1, tp 2), and two meshes it must refuse, at once."""
+    """compose.py on 4 ranks (pp 2, dp 1, tp 2) saving a checkpoint, and two meshes it must
+    refuse, at once; then the checkpoint resumed on (pp 1, dp 2, tp 2) for RESUME_TO."""
     if str(impl) not in _runs:
         script = str(LESSON.path(impl))
         jobs, drawn = {}, str(draw("14.script_seed", range(4)) + seed(0))
+        ckpt = tmp_path_factory.mktemp("ckpt") / "ckpt"
         for name, flags in (
             ("train", ["--pp", "2", "--dp", "1", "--tp", "2", "--steps", "30", "--seed", drawn,
-                       "--log-every", "4"]),
+                       "--log-every", "4", "--checkpoint", str(ckpt)]),
             ("product", ["--pp", "2", "--dp", "2", "--tp", "2", "--nproc", "4"]),
             ("depth", ["--pp", "3", "--dp", "1", "--tp", "1", "--depth", "4"]),
         ):  # fmt: skip
             folder = tmp_path_factory.mktemp(name)
             jobs[name] = dict(args=[sys.executable, script, "--backend", "gloo", *flags],
                               timeout=120, cwd=folder)  # fmt: skip
-        _runs[str(impl)] = launcher.run_all(jobs)
+        results = launcher.run_all(jobs)
+        if results["train"].ok:
+            flags = ["--pp", "1", "--dp", "2", "--tp", "2", "--steps", str(RESUME_TO),
+                     "--seed", drawn, "--checkpoint", str(ckpt)]  # fmt: skip
+            resume = dict(args=[sys.executable, script, "--backend", "gloo", *flags],
+                          timeout=120, cwd=ckpt.parent)  # fmt: skip
+            results |= launcher.run_all({"resume": resume})
+        _runs[str(impl)] = results
     return _runs[str(impl)]
 
 
 @pytest.mark.points(2)
 def test_the_script_trains_and_refuses_bad_meshes(runs):
     """compose.py --pp 2 --dp 1 --tp 2, 30 steps at a drawn seed, a line every 4: the loss
-    falls from ln 64 below LEARNED.
+    falls from ln 64 below LEARNED. Its checkpoint, resumed by compose.py on (pp 1, dp 2,
+    tp 2), goes on from step 30's loss.
     A mesh whose product is not --nproc, and blocks that do not split into the stages,
     are refused in one line each, before any rank starts."""
     result = runs["train"]
@@ -370,6 +440,25 @@ def test_the_script_trains_and_refuses_bad_meshes(runs):
     assert float(steps[-1][1]) <= LEARNED.high < float(steps[0][1]), (
         f"compose.py: loss {steps[0][1]} at step 1 and {steps[-1][1]} at 30; expected below "
         f"{LEARNED.high}"
+    )
+    resumed = runs.get("resume")
+    if resumed is None or not resumed.ok:
+        pytest.fail(
+            "compose.py --pp 1 --dp 2 --tp 2 --checkpoint (the run's, saved at step 30): "
+            + (resumed.failure() if resumed else "not run, the training run failed"),
+            pytrace=False,
+        )
+    after = {int(s): float(v) for s, v in re.findall(r"step (\d+)/\d+: loss ([\d.]+)",
+                                                     resumed.output)}  # fmt: skip
+    first, last = float(steps[0][1]), float(steps[-1][1])
+    near = last + (first - last) / 4
+    assert (
+        "(step 30)" in resumed.output and sorted(after) == [31, RESUME_TO] and (after[31] <= near)
+    ), (
+        f"compose.py saved at step 30 on (pp 2, dp 1, tp 2) (loss {last}), then resumed on "
+        f"(pp 1, dp 2, tp 2) --steps {RESUME_TO}: expected 'resumed from ... (step 30)', "
+        f"steps 31 and {RESUME_TO}, and step 31's loss near step 30's (at most {near:.3f}; "
+        f"a fresh start is {first}); it printed steps {after}:\n{resumed.output[-800:]}"
     )
     for name, words in (("product", "--nproc"), ("depth", "--pp")):
         bad = runs[name]

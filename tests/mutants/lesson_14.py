@@ -55,6 +55,41 @@ MUTANTS = [
     ),
 ]
 
+MUTANTS += [
+    dict(
+        name="whole_stage_one_fsdp_unit",
+        why="the whole stage one FSDP unit: all its weights gathered at once, held through "
+        "backward",
+        old='        fully_shard(block, mesh=mesh["dp"])\n',
+        new="",
+        caught_by="moves_what_its_axis_owes",
+        says=("the whole stage sharded as one unit",),
+    ),
+    dict(
+        name="schedule_given_the_stage_count",
+        why="the schedule given pp.size() micro-batches instead of its argument",
+        old="Schedule1F1B(stage, micro_batches, loss_fn=loss_fn)",
+        new="Schedule1F1B(stage, pp.size(), loss_fn=loss_fn)",
+        caught_by="moves_what_its_axis_owes",
+    ),
+    dict(
+        name="no_tensor_parallelism",
+        why="the tp axis skipped: every tp rank holds whole MLP weights and does the same work",
+        old='        parallelize_module(block, mesh["tp"], plan)\n',
+        new="",
+        caught_by="follows_the_1d_fsdp_control",
+        says=("an axis skipped",),
+    ),
+    dict(
+        name="norm_left_on_the_first_stage",
+        why="the final norm left on stage 0: unused there, and the grader's load crashes",
+        old="        model.norm = model.head = None\n",
+        new="        model.head = None\n",
+        caught_by="holds_an_even_cut",
+        says=("the final norm kept",),
+    ),
+]
+
 ALTERNATIVES = [
     dict(
         name="mesh_by_hand_one_plan_gpipe",

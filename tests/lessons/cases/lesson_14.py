@@ -14,7 +14,8 @@ collective the grading kit's recorder saw in each step (kind, group, bytes, dtyp
 and its loss; one rank per stage writes the stage's step-1 gradients, gathered whole.
 
 Case `shapes`: the 1-D FSDP control (dp 8) and (dp 2, tp 4), (dp 4, tp 2), (pp 2, dp 2,
-tp 2), each STEPS steps from the same seed. The last saves a checkpoint at SAVED_AT with
+tp 2), each STEPS steps from the same seed, each rank noting the bytes of its parameters'
+local parts. The last saves a checkpoint at SAVED_AT with
 torch.distributed.checkpoint, which (dp 4, tp 2) loads and trains on; then this process,
 alone, loads it into the whole model and trains on too.
 """
@@ -42,7 +43,9 @@ from course.grader.tolerances import seed  # noqa: E402
 cases = Cases()
 REQUIRES = ("make_mesh", "stage_of", "parallelize", "pipeline")
 SEED = seed(7)  # tests/lessons/test_14_composing.py's
-MICRO = draw("14.micro_batches", (2, 4))
+# Never the pp size (2): a schedule given pp.size() micro-batches instead of its argument
+# runs the same steps when they are equal.
+MICRO = draw("14.micro_batches", (4, 8))
 WORLD = 8
 KEPT = ("op", "phase", "bytes", "received", "dtypes", "group", "peer")
 
@@ -146,6 +149,7 @@ def _layout(lesson, rank: int, out: Path, summed: bool) -> dict:
         "groups": {a: mesh[a].mesh.flatten().tolist() for a in ("pp", "dp", "tp")},
         "blocks": sorted(int(k) for k in model.blocks) if model.blocks else [],
         "embed": model.embed is not None,
+        "norm": model.norm is not None,
         "head": model.head is not None,
         "stage": stage,
     }
@@ -173,11 +177,19 @@ def _composed(lesson, rank: int, out: Path, summed: bool) -> dict:
     return found
 
 
+def _held(run: Run) -> dict:
+    """Where this rank sits in its run's mesh, and the bytes of its parameters' local parts:
+    what the tests add up per stage and tp rank, to see every axis of the shape at work."""
+    local = sum(getattr(p, "_local_tensor", p).nbytes for p in run.model.parameters())
+    return {"stage": run.stage, "tp_rank": run.tp_rank, "local_bytes": local}
+
+
 def _shapes(lesson, rank: int, out: Path, summed: bool) -> dict:
-    found = {}
+    found = {"held": {}}
     for shape in m.SHAPES:
         run = Run(lesson, shape, summed)
         losses, name = [], ",".join(map(str, shape))
+        found["held"][name] = _held(run)
         for step in range(1, m.STEPS + 1):
             losses.append(run.step(step))
             if shape == m.COMPOSED and step == m.SAVED_AT:
@@ -188,6 +200,7 @@ def _shapes(lesson, rank: int, out: Path, summed: bool) -> dict:
         found[name] = losses
         del run
     run = Run(lesson, m.RESUMED, summed)
+    found["held"]["resumed"] = _held(run)
     _load(run.model, run.optimizer, out / "checkpoint")
     state = run.whole_state()
     if rank == 0:
