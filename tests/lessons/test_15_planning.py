@@ -48,7 +48,8 @@ def hidden() -> dict:
         "timed": [[c.__dict__, hw] for c, hw in m.timed_configs()],
         "questions": {"pipelines": q["pipelines"],
                       "bound": [[c.__dict__, hw] for c, hw in q["bound"]],
-                      "tp": [[c.__dict__, hw] for c, hw in q["tp"]]},
+                      "tp": [[c.__dict__, hw] for c, hw in q["tp"]],
+                      "bound_most": [q["bound_most"][0].__dict__, *q["bound_most"][1:]]},
     }  # fmt: skip
 
 
@@ -166,11 +167,25 @@ def test_traffic_equals_the_programs(impl, tmp_path_factory):
 
 @pytest.mark.points(3)
 def test_step_time_follows_the_pages_model(impl, tmp_path_factory):
-    """step_time() for four large hidden models on hidden machines: every term equal to the
-    grader's own model of the page, within RELATIVE."""
+    """step_time() for large hidden models on hidden machines (among them dp = 1, a middle
+    stage setting the pace, the end stages within a latency term): every term equal to the
+    grader's own model of the page, within RELATIVE; and traffic() of each of their stages
+    the grader's."""
     said = _case(impl, tmp_path_factory, "times")
-    for (c, hw), got in zip(m.timed_configs(), said, strict=True):
-        want = m.step_time(c, hw)
+    for (c, hw), found in zip(m.timed_configs(), said, strict=True):
+        shape = f"(pp {c.pp}, dp {c.dp}, tp {c.tp})"
+        for stage, seen in enumerate(found["traffic"]):
+            expected = m.traffic(c, stage)
+            assert seen == expected, (
+                f"traffic() of stage {stage} of {shape}: {seen}; expected {expected}, the "
+                "bytes step_time is built on. "
+                + (
+                    "Likely cause: an axis of size 1 moving bytes (it has no one to talk to)"
+                    if {k.split(".")[0] for k in set(seen) - set(expected)}
+                    else ""
+                )
+            )
+        got, want = found["time"], m.step_time(c, hw)
         for term in ("compute", "tp", "pp", "dp", "exposed", "bubble", "total"):
             seen = got.get(term)
             assert seen is not None, f"step_time returned no {term!r} (it gave {sorted(got)})"
@@ -185,7 +200,9 @@ def test_step_time_follows_the_pages_model(impl, tmp_path_factory):
 @pytest.mark.points(3)
 def test_the_questions_are_answered_by_the_model(impl, tmp_path_factory):
     """micro_batches_for, communication_bound and best_tp on hidden numbers: the grader's
-    answers."""
+    answers. Among them at every seed: one stage, a target one micro-batch meets, a search
+    limit equal to its answer, all the ranks as the best tp, and a fastest shape whose
+    batch does not split."""
     got, q = _case(impl, tmp_path_factory, "questions"), m.questions()
     want = [m.micro_batches_for(pp, t) for pp, t in q["pipelines"]]
     assert got["pipelines"] == want, (
@@ -197,6 +214,12 @@ def test_the_questions_are_answered_by_the_model(impl, tmp_path_factory):
         f"communication_bound on three hidden models: expected dp {bound}, got {got['bound']} "
         "(the first power of two whose data-parallel traffic is not hidden by compute, "
         "each rank keeping its share of the batch)"
+    )
+    c, hw, most = q["bound_most"]
+    assert got["bound_most"] == most, (
+        f"communication_bound(..., most={most}) on a hidden model whose answer is dp {most}: "
+        f"got {got['bound_most']}; the search tries every power of two up to `most`, "
+        "that one included"
     )
     best = [m.best_tp(*question) for question in q["tp"]]
     assert got["tp"] == best, (

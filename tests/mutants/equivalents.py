@@ -26,5 +26,13 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "max is symmetric: the same value whichever argument comes first",
         "plan.py:return max(1, math.ceil((pp - 1) * (1 - target) / target - 1e-9)) -> return max(math.ceil((pp - 1) * (1 - target) / target - 1e-9), 1)":
         "max is symmetric: the same value whichever argument comes first",
+        "plan.py:per_token = (2 * model.dim + 2 + 2 * (model.width // par.tp)) * FLOAT -> per_token = (2 * model.dim + 2 + 2 * (model.width / par.tp)) * FLOAT":
+        "check() refuses a tp that does not divide the MLP width: the quotient is exact, the same number as a float",
+        "plan.py:weights = blocks * 2 * model.dim * (model.width // par.tp) -> weights = blocks * 2 * model.dim * (model.width / par.tp)":
+        "check() refuses a tp that does not divide the MLP width: the quotient is exact, the same number as a float",
+        "plan.py:tokens = par.batch // par.dp * model.seq -> tokens = par.batch / par.dp * model.seq":
+        "check() refuses a batch that dp x m does not divide, and best_tp and communication_bound build only shapes it accepts: the quotient is exact",
+        'plan.py:tp = sent.get("tp.all_reduce", 0) * 2 * (n - 1) / n / bandwidth(par, hw, "tp") -> tp = sent.get("tp.all_reduce", 0) * 2 * (n - 1) // n / bandwidth(par, hw, "tp")':
+        "the all-reduce's bytes, 8 x blocks x m x rows x seq x dim, are a multiple of tp (a power of two dividing the width 4 x dim): the floor of an exact quotient; only an explicit MLP width with an odd dim below tp could differ",
     },
 }  # fmt: skip

@@ -5,7 +5,8 @@
 The engine is cosmic-ray (its operators, its mutation of a file and its test run), with the
 course's own operators as its plugin (course/tools/author/mutation_operators.py). It
 mutates only what a student writes: the lines between `### BEGIN SOLUTION` and
-`### END SOLUTION` of the lesson's solution files, in copies of solutions/ (one a job). Each
+`### END SOLUTION` of the lesson's solution files (and a debugging exercise's fix, between
+`### FIX` and `### END BUG`), in copies of solutions/ (one a job). Each
 mutant's test command grades it (`python -m course.tools.author.mutant_grade`): the tests
 that read its file, stopping at the first failure, once per grading seed. A mutant is
 killed only if the grade rejects it at every seed; one seed that passes it is a survivor.
@@ -42,6 +43,7 @@ from course import REPO_ROOT, atomic, registry
 FOLDER = REPO_ROOT / "docs" / "results" / "grading"
 KIND = "course-mutation"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+FIX, END_BUG = "### FIX", "### END BUG"  # a debugging exercise: the fix is the student's
 
 # cosmic-ray's own operators that make a student's mistakes (a boundary, a sign, a flipped
 # condition, a number's neighbour, a loop that never runs), and the course's plugin.
@@ -77,12 +79,14 @@ def engine():
 
 
 def solution_lines(source: str) -> set[int]:
-    """The line numbers (1-based) between each BEGIN and END SOLUTION marker."""
+    """The line numbers (1-based) a student writes: between each BEGIN and END SOLUTION
+    marker, and between each FIX and END BUG marker (a debugging exercise's fix; the bug
+    above its FIX is what the starter keeps)."""
     lines, inside = set(), False
     for number, line in enumerate(source.splitlines(), 1):
-        if line.strip().startswith(BEGIN):
+        if line.strip().startswith((BEGIN, FIX)):
             inside = True
-        elif line.strip().startswith(END):
+        elif line.strip().startswith((END, END_BUG)):
             inside = False
         elif inside:
             lines.add(number)
@@ -171,9 +175,11 @@ def _verdict(output: str) -> dict:
 
 
 def run(number: str, jobs: int, seeds: list[int], only: list[str] | None = None,
-        limit: int = 0, equivalents: dict | None = None, save=None) -> dict:  # fmt: skip
+        limit: int = 0, equivalents: dict | None = None, save=None,
+        again: dict | None = None) -> dict:  # fmt: skip
     """Mutate and grade lesson `number`; the record. `save(record)` is called after each
-    mutant with the record so far (a run stopped halfway keeps what it graded)."""
+    mutant with the record so far (a run stopped halfway keeps what it graded). With
+    `again` (a record), only its mutants that were not killed are graded, the others kept."""
     engine()
     lesson = registry.get(number)
     files = [f for f in (lesson.exercises or (lesson.script,)) if not only or f in only]
@@ -182,14 +188,22 @@ def run(number: str, jobs: int, seeds: list[int], only: list[str] | None = None,
     ]
     random.Random(seeds[0]).shuffle(cases)  # a run stopped halfway: a fair sample
     cases = cases[:limit] if limit else cases
+    kept: list[dict] = []
+    if again is not None:
+        kept = [r for r in again["mutants"] if r["outcome"] in ("killed", "equivalent")]
+        done = {_id(r) for r in kept}
+        graded = {_id(r) for r in again["mutants"]}
+        cases = [c for c in cases if _id(c) in graded and _id(c) not in done]
     equivalents = equivalents or {}
     deadline = _deadline(lesson)
+    planned = again["planned"] if again is not None else len(cases)
+    marked = [*again["seeds"], *seeds] if again is not None else seeds  # the record's seeds
     with tempfile.TemporaryDirectory(prefix="course-mutate-") as tmp:
         copies: queue.Queue = queue.Queue()
         for k in range(jobs):
             shutil.copytree(REPO_ROOT / "solutions", Path(tmp) / f"w{k}", dirs_exist_ok=True)
             copies.put(Path(tmp) / f"w{k}")
-        results = []
+        results: list[dict] = []
         with ThreadPoolExecutor(jobs) as pool:
             todo = [pool.submit(_grade_one, copies, lesson, c, seeds, deadline)
                     for c in cases if _key(c) not in equivalents]  # fmt: skip
@@ -199,11 +213,11 @@ def run(number: str, jobs: int, seeds: list[int], only: list[str] | None = None,
                 print(f"[{i}/{len(todo)}] {r['outcome']:<9} {r['file']}:{r['line']} "
                       f"{r['operator']}: {r['after'][:60]}", flush=True)  # fmt: skip
                 if save is not None:
-                    save(record(lesson, files, seeds, results, planned=len(cases)))
+                    save(record(lesson, files, marked, kept + results, planned))
     for c in cases:
         if _key(c) in equivalents:
             results.append({**c, "outcome": "equivalent", "reason": equivalents[_key(c)]})
-    return record(lesson, files, seeds, results, planned=len(cases))
+    return record(lesson, files, marked, kept + results, planned)
 
 
 def declared(number: str) -> dict[str, str]:
@@ -217,6 +231,11 @@ def declared(number: str) -> dict[str, str]:
 
 def _key(case: dict) -> str:
     return f"{case['file']}:{case['before']} -> {case['after']}"
+
+
+def _id(case: dict) -> tuple:
+    """One mutant, wherever it was made: its file, operator, occurrence and line."""
+    return case["file"], case["operator"], case["occurrence"], case["line"]
 
 
 def _deadline(lesson) -> float:
@@ -293,6 +312,11 @@ def parser():
         action="store_true",
         help="mark the record's mutants declared equivalent since; grade none",
     )
+    p.add_argument(
+        "--again",
+        action="store_true",
+        help="grade again only the record's mutants that were not killed (after new tests)",
+    )
     p.add_argument("--out", help="the record (default docs/results/grading/mutation-NN.json)")
     return p
 
@@ -320,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     def save(doc: dict) -> None:
         atomic.write_json(doc, out, indent=1)
 
-    doc = run(lesson.number, args.jobs, seeds, args.only, args.limit, declared(lesson.number), save)
+    again = triage(json.loads(out.read_text()), declared(lesson.number)) if args.again else None
+    doc = run(lesson.number, args.jobs, seeds, args.only, args.limit, declared(lesson.number),
+              save, again)  # fmt: skip
     save(doc)
     print(f"wrote {out}: {doc['counts']}, score {doc['score']} %")
     return 0

@@ -7,12 +7,16 @@ rank + 1 and rank - 1 are different neighbours.
 
 Lesson 15 (tests/lessons/cases/lesson_15_models.py): both schedules, a middle stage, tp = 1
 and a tp other than 2 (at tp = 2, 2(n - 1)/n = 1 hides a factor) among the counted ranks;
-dp = 1, tp = 1 and tp within and across a node among the timed models; a pipeline and a
-batch that does not split over every dp in the questions.
+dp = 1, tp = 1, tp within and across a node, a middle stage setting the pace and the end
+stages within a latency term among the timed models; a pipeline, a batch that does not
+split over every dp (and would be fastest if it did), all the ranks as the best tp, one
+stage, one micro-batch enough, and a bound search that ends at its answer in the questions.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 from pathlib import Path
 
@@ -28,6 +32,15 @@ import lesson_15_models as m  # noqa: E402
 sys.path.remove(str(CASES))
 
 SEEDS = range(1, 501)
+
+
+@functools.cache
+def _families_15_at(seed: int) -> dict[str, bool]:
+    os.environ[draws.SEED_ENV] = str(seed)
+    try:
+        return _families_15()
+    finally:
+        del os.environ[draws.SEED_ENV]
 
 
 def _families_15() -> dict[str, bool]:
@@ -53,18 +66,32 @@ def _families_15() -> dict[str, bool]:
         "timed: tp within a node": any(1 < c.tp <= hw["gpus_per_node"] for c, hw in timed),
         "timed: tp across nodes": any(c.tp > hw["gpus_per_node"] for c, hw in timed),
         "timed: both schedules": {c.schedule for c, _ in timed if c.pp > 1} == {"gpipe", "1f1b"},
+        "timed: a middle stage sets the pace": any(
+            0 < m.busiest(c, hw) < c.pp - 1 for c, hw in timed
+        ),
+        "timed: the end stages within a latency a micro-batch": any(
+            c.pp > 1 and m._ends_nearly_tie((c, hw)) for c, hw in timed
+        ),
         "questions: a pipeline": any(c.pp > 1 for c, _ in q["bound"] + q["tp"]),
         "questions: a batch that does not split": not all(splits),
+        "questions: the fastest shape does not split the batch": any(
+            m._unsplit_would_win(question) for question in q["tp"]
+        ),
+        "questions: all the ranks the best tp": any(
+            m.best_tp(c, hw) == c.tp * c.dp for c, hw in q["tp"]
+        ),
+        "questions: one stage": any(pp == 1 for pp, _ in q["pipelines"]),
+        "questions: one micro-batch enough for a pipeline": any(
+            pp > 1 and m.micro_batches_for(pp, t) == 1 for pp, t in q["pipelines"]
+        ),
+        "questions: the bound search ends at its answer": q["bound_most"][2] is not None,
     }
 
 
 @pytest.mark.parametrize("family", list(_families_15()))
-def test_lesson_15_draws_every_family_at_every_seed(monkeypatch, family):
-    missing = []
-    for seed in SEEDS:
-        monkeypatch.setenv(draws.SEED_ENV, str(seed))
-        if not _families_15()[family]:
-            missing.append(seed)
+def test_lesson_15_draws_every_family_at_every_seed(family):
+    """Each seed's draws are made once (cached) and read by every family's test."""
+    missing = [seed for seed in SEEDS if not _families_15_at(seed)[family]]
     assert not missing, (
         f"lesson 15's draws lack {family!r} at seeds {missing[:10]} (of {len(SEEDS)})"
     )

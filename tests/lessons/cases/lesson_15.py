@@ -9,6 +9,7 @@ import them either (course/grader/submission.py refuses the grader's modules to 
 
 Case `bytes`: held, activations and traffic for the counted ranks.
 Case `times`: step_time on hidden machines.
+Case `times`: step_time for the timed models, and traffic for each of their stages.
 Case `questions`: micro_batches_for, communication_bound and best_tp on hidden numbers.
 """
 
@@ -53,10 +54,13 @@ def bytes(lesson):  # noqa: A001 - the case's name
 
 @cases.case
 def times(lesson):
-    return [
-        _plain(lesson.step_time(*_shapes(lesson, c), lesson.Hardware(**hw)))
-        for c, hw in _hidden()["timed"]
-    ]
+    found = []
+    for c, hw in _hidden()["timed"]:
+        model, par = _shapes(lesson, c)
+        found.append({"time": _plain(lesson.step_time(model, par, lesson.Hardware(**hw))),
+                      "traffic": [_plain(lesson.traffic(model, par, stage))
+                                  for stage in range(par.pp)]})  # fmt: skip
+    return found
 
 
 @cases.case
@@ -67,6 +71,9 @@ def questions(lesson):
         "bound": [lesson.communication_bound(*_shapes(lesson, c), lesson.Hardware(**hw))
                   for c, hw in q["bound"]],
         "tp": [lesson.best_tp(*_shapes(lesson, c), lesson.Hardware(**hw)) for c, hw in q["tp"]],
+        "bound_most": lesson.communication_bound(
+            *_shapes(lesson, q["bound_most"][0]), lesson.Hardware(**q["bound_most"][1]),
+            most=q["bound_most"][2]),
     }  # fmt: skip
 
 

@@ -11,6 +11,7 @@ lesson 14 does (up split by rows, down by columns over tp), never from a list of
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -22,13 +23,20 @@ from course.grader.scale import Config, cuts
 F32 = 4
 
 
+@functools.lru_cache(maxsize=256)
+def _named_shapes(vocab: int, dim: int, depth: int, hidden: int) -> tuple:
+    """(name, shape) of every parameter of the whole StagedLM, built on the meta device
+    (once per model: the draws below try many meshes of few models)."""
+    with torch.device("meta"):
+        whole = models.StagedLM(vocab, dim, depth, hidden)
+    return tuple((name, tuple(p.shape)) for name, p in whole.named_parameters())
+
+
 def stage_tensors(c: Config, stage: int) -> dict[str, list[tuple[int, ...]]]:
     """{FSDP unit: tp-local shapes} of one stage ("root" for what is not in a block)."""
-    with torch.device("meta"):
-        whole = models.StagedLM(c.vocab, c.dim, c.depth, c.hidden)
     first = cuts(c.depth, c.pp)
     found: dict[str, list[tuple[int, ...]]] = {}
-    for name, p in whole.named_parameters():
+    for name, shape in _named_shapes(c.vocab, c.dim, c.depth, c.hidden):
         parts = name.split(".")
         if parts[0] == "blocks":
             if not first[stage] <= int(parts[1]) < first[stage + 1]:
@@ -40,7 +48,7 @@ def stage_tensors(c: Config, stage: int) -> dict[str, list[tuple[int, ...]]]:
             continue
         else:
             unit = "root"
-        shape = list(p.shape)
+        shape = list(shape)
         if parts[-2:-1] == ["up"]:
             shape[0] //= c.tp
         elif parts[-2:] == ["down", "weight"]:
@@ -99,10 +107,10 @@ def _link(c: Config, hw: dict, ranks: int) -> float:
     return hw["intra"] if ranks <= hw["gpus_per_node"] else hw["inter"]
 
 
-def step_time(c: Config, hw: dict) -> dict[str, float]:
-    """The page's model: per stage, compute (6 x matmul weights x tokens at the stated
-    efficiency), tp and pp on the critical path, dp behind compute; the busiest stage sets
-    the step, plus its bubble and whatever dp traffic compute does not hide."""
+def stage_times(c: Config, hw: dict) -> list[tuple[float, float, float, float, float]]:
+    """The page's model, per stage: (busy, compute, tp, pp, dp) in seconds; compute is
+    6 x matmul weights x tokens at the stated efficiency, tp and pp on the critical path,
+    dp behind compute."""
     stages = []
     m, alpha = c.micro_batches, hw["latency"]
     for s in range(c.pp):
@@ -125,8 +133,14 @@ def step_time(c: Config, hw: dict) -> dict[str, float]:
             calls = 2 * len(stage_tensors(c, s))
             dp = (gathered + scattered) / _link(c, hw, c.dp * c.tp) + alpha * calls
         stages.append((compute + tp + pp, compute, tp, pp, dp))
-    busy, compute, tp, pp, dp = max(stages, key=lambda t: t[0])
-    bubble = busy * (c.pp - 1) / m
+    return stages
+
+
+def step_time(c: Config, hw: dict) -> dict[str, float]:
+    """The busiest stage sets the step, plus its bubble and whatever dp traffic compute
+    does not hide."""
+    busy, compute, tp, pp, dp = max(stage_times(c, hw), key=lambda t: t[0])
+    bubble = busy * (c.pp - 1) / c.micro_batches
     exposed = dp - compute if dp > compute else 0.0
     return {"compute": compute, "tp": tp, "pp": pp, "dp": dp, "exposed": exposed,
             "bubble": bubble, "total": busy + bubble + exposed}  # fmt: skip
@@ -256,6 +270,45 @@ def hardware(r) -> dict:
             "latency": r.uniform(5e-6, 50e-6)}  # fmt: skip
 
 
+def until(r, make, wanted, what: str, tries: int = 2000):
+    """The first of make(r)'s draws for which wanted(draw) holds: a case family that every
+    seed covers, its values drawn from the seed."""
+    for _ in range(tries):
+        found = make(r)
+        if wanted(found):
+            return found
+    raise RuntimeError(f"no draw of {what} in {tries} tries")
+
+
+def busiest(c: Config, hw: dict) -> int:
+    """The stage that sets the step's pace."""
+    times = [t[0] for t in stage_times(c, hw)]
+    return times.index(max(times))
+
+
+def _pipeline(r, pp: int) -> tuple[Config, dict]:
+    """A pipeline of `pp` stages on a hidden machine, every value drawn."""
+    dp, tp, m = r.choice([2, 4, 8]), r.choice([1, 2, 4]), r.choice([2, 4, 8])
+    config = Config(pp=pp, dp=dp, tp=tp, depth=pp * r.choice([4, 6, 8]),
+                    dim=r.choice([1024, 2048]), vocab=r.choice([1000, 8000, 32000]),
+                    seq=r.choice([256, 1024]), micro_batches=m, batch=dp * m,
+                    schedule=r.choice(["gpipe", "1f1b"]))  # fmt: skip
+    return config, hardware(r)
+
+
+def _middle_sets_the_pace(found) -> bool:
+    c, hw = found
+    return 0 < busiest(c, hw) < c.pp - 1
+
+
+def _ends_nearly_tie(found) -> bool:
+    """The last stage (the head's extra compute) ahead of the first by less than one
+    message's latency a micro-batch: a first stage's messages miscounted decide the pace."""
+    c, hw = found
+    times = [t[0] for t in stage_times(c, hw)]
+    return 0 <= times[-1] - times[0] < c.micro_batches * hw["latency"]
+
+
 def timed_configs() -> list[tuple[Config, dict]]:
     """Large models on hidden machines, for the step time: every term above zero
     somewhere, tp inside a node and across nodes."""
@@ -283,29 +336,69 @@ def timed_configs() -> list[tuple[Config, dict]]:
                 hardware(r),
             )
         )
+    # Which stage sets the pace: a middle one (it sends both ways), and the two ends
+    # within a latency term of each other.
+    found.append(until(r, lambda r: _pipeline(r, 4), _middle_sets_the_pace, "a middle stage"))
+    found.append(until(r, lambda r: _pipeline(r, 2), _ends_nearly_tie, "ends that nearly tie"))
     return found  # fmt: skip
+
+
+def _tp_question(r, micro_batches: int = 1) -> tuple[Config, dict]:
+    dp = r.choice([4, 8, 16])
+    config = Config(pp=1, dp=dp, tp=1, depth=16, dim=r.choice([2048, 8192]), vocab=50257,
+                    seq=2048, batch=64, micro_batches=micro_batches)  # fmt: skip
+    return config, hardware(r)
+
+
+def tp_times(c: Config, hw: dict) -> dict[int, float]:
+    """Every tp best_tp may try, splitting batch or not: {tp: step total}."""
+    ranks, times, tp = c.tp * c.dp, {}, 1
+    while tp <= ranks and width(c) % tp == 0:
+        times[tp] = step_time(Config(**{**c.__dict__, "dp": ranks // tp, "tp": tp}), hw)["total"]
+        tp *= 2
+    return times
+
+
+def _small_batch_question(r) -> tuple[Config, dict]:
+    """Wide blocks, few short sequences, a node's ranks: data parallelism's traffic is not
+    hidden by so little compute, and tensor parallelism's is small."""
+    dp = r.choice([2, 4])
+    config = Config(pp=1, dp=dp, tp=1, depth=16, dim=r.choice([4096, 8192]),
+                    vocab=r.choice([1000, 8000]), seq=r.choice([64, 128]),
+                    batch=dp * r.choice([1, 2]))  # fmt: skip
+    return config, hardware(r)
+
+
+def _all_ranks_win(found) -> bool:
+    c, hw = found
+    return best_tp(c, hw) == c.tp * c.dp
+
+
+def _unsplit_would_win(found) -> bool:
+    """The shape that would be fastest does not split the batch, so it is not a choice."""
+    c, hw = found
+    times = tp_times(c, hw)
+    fastest = min(times, key=lambda t: (times[t], t))
+    return c.batch % (c.tp * c.dp // fastest * c.micro_batches) != 0
+
+
+def _unsplit_batch(r) -> tuple[Config, dict]:
+    c, hw = _tp_question(r, micro_batches=r.choice([2, 4]))
+    return Config(**{**c.__dict__, "batch": c.dp * c.micro_batches // 2}), hw
+
+
+def _bound_question(r) -> tuple[Config, dict]:
+    config = Config(pp=1, dp=8, tp=r.choice([1, 2, 4]), depth=r.choice([8, 16, 32]),
+                    dim=r.choice([1024, 2048, 4096]), vocab=32000,
+                    seq=r.choice([512, 2048, 4096]), batch=8 * r.choice([2, 4, 8, 16]))  # fmt: skip
+    return config, hardware(r)
 
 
 def questions() -> dict:
     """The three questions' hidden numbers."""
     r = draws.generator("15.questions")
     pipelines = [(r.randrange(2, 17), r.choice([0.05, 0.1, 0.2, 0.25])) for _ in range(4)]
-    bound = [
-        (
-            Config(
-                pp=1,
-                dp=8,
-                tp=r.choice([1, 2, 4]),
-                depth=r.choice([8, 16, 32]),
-                dim=r.choice([1024, 2048, 4096]),
-                vocab=32000,
-                seq=r.choice([512, 2048, 4096]),
-                batch=8 * r.choice([2, 4, 8, 16]),
-            ),
-            hardware(r),
-        )
-        for _ in range(3)
-    ]
+    bound = [_bound_question(r) for _ in range(3)]
     bound[0] = (Config(**{**bound[0][0].__dict__, "seq": 4096, "batch": 8 * 16}), bound[0][1])
     # a pipeline: two stages of four micro-batches, each rank's share kept as dp grows
     piped = {"pp": 2, "micro_batches": 4, "batch": 8 * 4 * r.choice([1, 2, 4])}
@@ -328,7 +421,16 @@ def questions() -> dict:
     ]
     # a batch that does not split over every dp: at tp = 1 (dp = all the ranks) it does not
     tp[1] = (Config(**{**tp[1][0].__dict__, "batch": 3 * tp[1][0].dp // 2}), tp[1][1])
-    return {"pipelines": pipelines, "bound": bound, "tp": tp}  # fmt: skip
+    # every seed: the answer all the ranks (dp 1); the fastest shape one whose batch, in
+    # several micro-batches, does not split; one stage, and a target one micro-batch meets
+    tp.append(until(r, _small_batch_question, _all_ranks_win, "tp = all the ranks"))
+    tp.append(until(r, _unsplit_batch, _unsplit_would_win, "an unsplit batch that would win"))
+    pipelines += [(1, r.choice([0.05, 0.1, 0.2])), (2, r.choice([0.5, 0.6, 0.75]))]
+    # the largest dp the search may reach is the answer itself
+    c, hw = until(r, _bound_question, lambda q: communication_bound(*q) is not None,
+                  "a bound within reach")  # fmt: skip
+    return {"pipelines": pipelines, "bound": bound, "tp": tp,
+            "bound_most": (c, hw, communication_bound(c, hw))}  # fmt: skip
 
 
 def placed(c: Config, rank: int) -> tuple[int, int]:

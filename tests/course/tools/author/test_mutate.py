@@ -66,6 +66,20 @@ def test_only_the_solution_blocks_are_mutated(tmp_path):
     assert not any("barrier" in m["before"] or "x + 1" in m["before"] for m in found)
 
 
+def test_a_debugging_exercises_fix_is_mutated_not_its_bug():
+    """Lesson 09's exercises keep the bug (commented, for the starter) above `### FIX`: the
+    lines a student writes are those between FIX and END BUG."""
+    source = ("def join():\n"
+              "    ### BEGIN BUG\n"
+              "    #| dist.init_process_group(backend)\n"
+              "    ### FIX\n"
+              "    store = make_store()\n"
+              "    dist.init_process_group(backend, store=store, timeout=limit)\n"
+              "    ### END BUG\n"
+              "    return 1\n")  # fmt: skip
+    assert mutate.solution_lines(source) == {5, 6}
+
+
 def test_a_mutant_of_an_exercise_file_runs_only_the_tests_that_read_it():
     lesson = registry.get("12")
     ring = mutant_grade.command(lesson, "impl", "ring.py")
@@ -130,3 +144,26 @@ def test_each_declared_equivalent_names_a_line_of_todays_solution():
             before = change.split(" -> ")[0]
             source = (REPO_ROOT / "solutions" / lesson.slug / file).read_text()
             assert before in {line.strip() for line in source.splitlines()}, (number, key)
+
+
+def test_again_grades_only_the_mutants_that_were_not_killed(monkeypatch):
+    """--again after new tests: the record's survivors are graded again at the new seeds,
+    its killed and equivalent mutants kept as they were, and every seed recorded."""
+    made = mutate.mutants(REPO_ROOT / "solutions" / "09_debugging" / "rendezvous.py")
+    killed, survivor, equivalent = (
+        {"file": "rendezvous.py", **m, "outcome": o} for m, o in
+        zip(made[:3], ("killed", "survived", "equivalent"), strict=True)
+    )  # fmt: skip
+    doc = {"mutants": [killed, survivor, equivalent], "seeds": [1, 2], "planned": len(made)}
+    graded = []
+
+    def grade_one(copies, lesson, case, seeds, deadline):
+        graded.append((mutate._id(case), seeds))
+        return {**case, "outcome": "killed", "seeds": dict.fromkeys(map(str, seeds), "rejected")}
+
+    monkeypatch.setattr(mutate, "_grade_one", grade_one)
+    got = mutate.run("09", 1, [7, 8], only=["rendezvous.py"], again=doc)
+    assert graded == [(mutate._id(survivor), [7, 8])]
+    assert [m["outcome"] for m in got["mutants"]].count("killed") == 2
+    assert got["seeds"] == [1, 2, 7, 8] and got["planned"] == len(made)
+    assert got["counts"]["equivalent"] == 1 and got["score"] == 100.0
