@@ -23,9 +23,13 @@ import tempfile
 from pathlib import Path
 
 import course
-from course import atomic, launch, registry
+from course import REPO_ROOT, atomic, launch, registry
 
 KIND = "course-grading-cost"
+FOLDER = REPO_ROOT / "docs" / "results" / "grading"
+# One record a kind of machine: the CI's 2 cores, and a box with one GPU visible (where
+# the gpus(1) tests run too, and the launches import CUDA).
+RECORDS = {"cpu": FOLDER / "cpu-2.json", "gpu": FOLDER / "gpu-1.json"}
 BUDGET_S = 45  # a lesson's grading, on two cores (docs/contributing.md)
 DEADLINE_S = 300  # per lesson, scaled by COURSE_TIMEOUT_SCALE: a hung submission's cap
 
@@ -68,17 +72,44 @@ def grade_lesson(number: str, impl: Path) -> dict:
     }
 
 
+def machine() -> str:
+    """"gpu" where this process sees a CUDA GPU, else "cpu": which record describes it."""
+    from course.runtime import visible_gpus
+
+    return "gpu" if visible_gpus() else "cpu"
+
+
+def measured_seconds(number: str, kind: str | None = None) -> float | None:
+    """Lesson `number`'s grading, in seconds, as measured on this kind of machine (or
+    `kind`'s); None where no record has it. On a GPU box without its record: the CPU
+    record's, times 3 (an H100 box, 16 cores, graded lesson 09 with a broken file in 135 s,
+    past a limit set for 2 cores, 120 s: the gpus(1) tests run there too)."""
+    kind = kind or machine()
+    for path, times in ((RECORDS[kind], 1.0), (RECORDS["cpu"], 3.0)):
+        try:
+            rows = json.loads(path.read_text())["rows"]
+        except (OSError, ValueError, KeyError):
+            continue
+        for row in rows:
+            if row["lesson"] == number:
+                return row["seconds"] * times
+    return None
+
+
 def provenance(argv: list[str]) -> dict:
     import torch
 
+    from course.runtime import visible_gpus
+
+    gpus = visible_gpus()
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": " ".join(["python -m course grading-cost", *argv]),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpus": str(os.cpu_count()),
-        "device": "CPU",
-        "gpu_count": "0",
+        "device": torch.cuda.get_device_name(0) if gpus else "CPU",
+        "gpu_count": str(gpus),
         "course": course.__version__,
     }
 

@@ -49,3 +49,16 @@ def test_grading_cost_refuses_an_unknown_lesson_in_one_line():
         + ", ".join(lesson.number for lesson in registry.LESSONS)
         + " (python -m course list)"
     ], run.output
+
+
+def test_measured_seconds_read_this_kind_of_machines_record(tmp_path, monkeypatch):
+    """Deadlines follow measured durations: the record of the machine's kind, else the CPU
+    record's three times over (a GPU box without its own record), else None."""
+    cpu, gpu = tmp_path / "cpu.json", tmp_path / "gpu.json"
+    cpu.write_text(json.dumps({"rows": [{"lesson": "09", "seconds": 50.0}]}))
+    monkeypatch.setattr(grading_cost, "RECORDS", {"cpu": cpu, "gpu": gpu})
+    assert grading_cost.measured_seconds("09", "cpu") == 50.0
+    assert grading_cost.measured_seconds("09", "gpu") == 150.0
+    gpu.write_text(json.dumps({"rows": [{"lesson": "09", "seconds": 70.0}]}))
+    assert grading_cost.measured_seconds("09", "gpu") == 70.0
+    assert grading_cost.measured_seconds("15", "gpu") is None
