@@ -115,6 +115,35 @@ def test_checkpoint_by_hand_gives_the_same_gradients_bit_for_bit(impl, tmp_path_
     _bit_exact(tensors, "", reference, "Checkpoint")
 
 
+# On a GPU the unchecked stack and its recompute run the same kernels; a dropout mask drawn
+# from another state of the CUDA generator moves a gradient by about the gradient itself.
+CUDA_ATOL = 1e-4
+
+
+@pytest.mark.points(1)
+@pytest.mark.gpus(1)
+def test_checkpoint_by_hand_restores_the_cuda_generator(impl, tmp_path_factory):
+    """On one GPU, dropout draws from the CUDA generator: Checkpoint.apply over 3 blocks, 2
+    steps, gives the gradients of the stack unchecked on the same GPU (within CUDA_ATOL)."""
+    _, tensors = _case(impl, tmp_path_factory, "by_hand_cuda")
+    reference = {k.removeprefix("reference/"): v for k, v in tensors.items()
+                 if k.startswith("reference/")}  # fmt: skip
+    got = {k: v for k, v in tensors.items() if not k.startswith("reference/")}
+    assert reference and set(got) == set(reference), f"gradients of {sorted(got)[:4]}..."
+    gaps = {k: (got[k] - want).abs().max().item() for k, want in reference.items()}
+    worst = max(gaps, key=gaps.get)
+    steps = sorted({k.split("/")[0] for k, g in gaps.items() if g > CUDA_ATOL})
+    assert not steps, (
+        f"on a GPU, {worst}'s gradient is {gaps[worst]:.2e} from the stack run without "
+        f"checkpointing (allowed {CUDA_ATOL:g}; steps {', '.join(steps)} differ). Likely "
+        "cause: "
+        + ("the CUDA generator's state not put back after the recompute (fork_rng "
+           "without the device)" if steps == ["2"] else
+           "the recompute's dropout drew from another state of the CUDA generator "
+           "(torch.cuda.get_rng_state in forward, set_rng_state in backward)")
+    )  # fmt: skip
+
+
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_checkpoint_by_hand_keeps_only_each_blocks_input(impl, tmp_path_factory):

@@ -135,7 +135,19 @@ def test_the_layer_computes_what_the_graders_computes(impl, tmp_path_factory):
     the choices each expert gets and how many are dropped, the output, the balancing
     loss, and the gradients of the input, the router and every
     expert from (output x w).sum() + the loss equal the grader's layer in float64."""
-    found, tensors = _case(impl, tmp_path_factory, "layer")
+    _layer_matches(*_case(impl, tmp_path_factory, "layer"))
+
+
+@pytest.mark.points(1)
+@pytest.mark.gpus(1)
+def test_the_layer_on_a_gpu_computes_what_the_graders_computes(impl, tmp_path_factory):
+    """The same MoE on one GPU (float32, TF32 off): the router's choices, what each expert
+    computes, the output, the loss and every gradient, against the grader's layer in
+    float64 on the CPU."""
+    _layer_matches(*_case(impl, tmp_path_factory, "layer_cuda"))
+
+
+def _layer_matches(found: dict, tensors: dict) -> None:
     router, experts = m.experts_like(SEED)
     weights = m.weights_of(router, experts)
     x, w = m.inputs(SEED)

@@ -65,7 +65,8 @@ def _case(impl, tmp_path_factory, name: str):
         folder = tmp_path_factory.mktemp(name)
         _cases[key] = run_lesson_cases(impl, LESSON, CASES, folder, only=[name])
     cases = _cases[key]
-    return cases(name), ({} if name == "layout" else cases.tensors(name))  # layout: no tensors
+    tensorless = ("layout", "one_gpu")
+    return cases(name), ({} if name in tensorless else cases.tensors(name))
 
 
 def _ranks(found) -> dict[int, dict]:
@@ -383,6 +384,28 @@ def test_one_process_resumes_it_too(impl, tmp_path_factory):
     _same_state(tensors, "single", "loaded in one process")
     control = _curve(found, "1,8,1")
     _follows(found["single"], control[m.SAVED_AT :], "resumed in one process")
+
+
+# CUDA against the CPU in float32 (TF32 off), the same 4 steps: rounding in other kernels,
+# which AdamW's normalised steps carry along.
+CUDA_CURVE = 1e-4
+
+
+@pytest.mark.points(1)
+@pytest.mark.gpus(1)
+def test_one_gpu_runs_the_one_rank_mesh(impl, tmp_path_factory):
+    """make_mesh, stage_of, parallelize on one GPU as the mesh (pp 1, dp 1, tp 1), nccl, 4
+    steps: the parameters on the GPU, and the losses of one process on the CPU (within
+    CUDA_CURVE)."""
+    found, _ = _case(impl, tmp_path_factory, "one_gpu")
+    seen = found["0"]
+    assert seen["devices"] == ["cuda"], f"the parameters are on {seen['devices']}, not the GPU"
+    want = _reference()[0]
+    gap = max(abs(a - b) for a, b in zip(seen["losses"], want, strict=True))
+    assert gap <= CUDA_CURVE, (
+        f"on one GPU the losses are {[round(x, 5) for x in seen['losses']]}, one process on "
+        f"the CPU {[round(x, 5) for x in want]}: {gap:.2e} apart (allowed {CUDA_CURVE:g})"
+    )
 
 
 # --- the script ----------------------------------------------------------------------

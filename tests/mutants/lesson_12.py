@@ -179,6 +179,23 @@ MUTANTS = [
     ),
 ]
 
+MUTANTS += [
+    dict(
+        name="checkpoint_ignores_the_cuda_generator",
+        why="only the CPU generator saved and set: on a GPU the recompute drops other units",
+        old="        ctx.cuda_rng = torch.cuda.get_rng_state(x.device) if x.is_cuda else None\n",
+        new="        ctx.cuda_rng = None\n",
+        also=[
+            dict(
+                old="fork_rng(devices=[x.device] if x.is_cuda else [])", new="fork_rng(devices=[])"
+            )
+        ],  # fmt: skip
+        caught_by="restores_the_cuda_generator",
+        says=("another state of the CUDA generator",),
+        gpus=1,
+    ),
+]
+
 ALTERNATIVES = [
     dict(
         name="the_other_way_round",

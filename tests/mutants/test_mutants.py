@@ -15,7 +15,9 @@ submission in full without the reference beside it. Every lesson has at least
 one alternative, so together they grade the whole course once that way
 (test_integrity.py used to grade it a second time, inside the suite).
 
-A mutant stops at its first failing test (`-x`): one rejection is enough.
+A mutant stops at its first failing test (`-x`): one rejection is enough. A mutant with
+`gpus=N` is one only CUDA shows (a generator CPU code never draws from): it is graded
+where N GPUs are visible, and skipped elsewhere.
 They run in the normal suite (CI included), marked `mutation`, so
 `-m "not mutation"` skips them while iterating; `python -m course durations`
 shows what each costs.
@@ -55,6 +57,12 @@ def grader(course_without_solutions):
 def grade(grader: warm.Server, number: str, impl: Path, *options: str):
     command = grade_command([number], impl, root=grader.root)
     return grader.run([*command, *options], timeout=300, cwd=grader.root)
+
+
+def _visible_gpus() -> int:
+    from course.runtime import visible_gpus
+
+    return visible_gpus()
 
 
 def todo_blocks(source: str) -> list[tuple[int, int]]:
@@ -126,6 +134,8 @@ def test_every_todo_has_a_mutant_and_every_case_applies_once():
 @pytest.mark.mutation
 @pytest.mark.parametrize(("number", "file", "case"), list(cases("MUTANTS")))
 def test_mutant_is_rejected(tmp_path, grader, number, file, case):
+    if case.get("gpus", 0) > (visible := _visible_gpus()):
+        pytest.skip(f"caught on {case['gpus']} CUDA GPU(s) only; this machine has {visible}")
     impl = apply(tmp_path, file, case)
     run = grade(grader, number, impl, "-k", case["caught_by"], "-x")
     assert not run.timed_out, run.describe()

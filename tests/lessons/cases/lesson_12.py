@@ -6,7 +6,8 @@ runs two steps through the submission's Checkpoint (case `by_hand`) or run_block
 and "selective" (case `torch_ways`), and the case writes every gradient; then one step
 more of each, measured: the bytes kept after forward (the saved-tensor meter and the
 allocator), the most kept during backward, each block's forward calls, and the matmul
-FLOPs of the step. torch.utils.checkpoint is behind a tripwire while the by-hand
+FLOPs of the step. Case `by_hand_cuda` runs the two steps on one GPU, beside the stack
+unchecked there. torch.utils.checkpoint is behind a tripwire while the by-hand
 Checkpoint runs: a Checkpoint that calls it is a shortcut, named.
 """
 
@@ -71,6 +72,21 @@ def by_hand(lesson):
     found = _measure(run)
     found["library"] = [n for n in wires.used if n not in before]
     return Tensors(grads, found)
+
+
+@cases.case
+def by_hand_cuda(lesson):
+    """On one GPU (the test marks it gpus(1)): dropout draws from the CUDA generator, which
+    the checkpoint must save and set again; the grader's stack unchecked, on the same GPU,
+    is the reference."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    run = lambda block, x: lesson.Checkpoint.apply(block, x)  # noqa: E731
+    got = m.gradients(SEED, run, device="cuda")
+    want = m.gradients(SEED, device="cuda")
+    return Tensors(got | {f"reference/{k}": v for k, v in want.items()}, {})
 
 
 @cases.case

@@ -31,14 +31,15 @@ class Counted(CausalBlock):
         return super().forward(x)
 
 
-def blocks(seed: int) -> list[Counted]:
+def blocks(seed: int, device: str = "cpu") -> list[Counted]:
     torch.manual_seed(seed)
-    return [Counted().train() for _ in range(L)]
+    return [Counted().train().to(device) for _ in range(L)]
 
 
-def inputs(seed: int, step: int):
+def inputs(seed: int, step: int, device: str = "cpu"):
     gen = torch.Generator().manual_seed(1000 * seed + step)
-    return torch.randn(B, T, D, generator=gen), torch.randn(B, T, D, generator=gen)
+    x, w = torch.randn(B, T, D, generator=gen), torch.randn(B, T, D, generator=gen)
+    return x.to(device), w.to(device)
 
 
 def step(stack, run, x, w):
@@ -51,19 +52,20 @@ def step(stack, run, x, w):
     return x
 
 
-def gradients(seed: int, run=None) -> dict:
+def gradients(seed: int, run=None, device: str = "cpu") -> dict:
     """Every parameter's and the input's gradient, each of STEPS steps, the random stream
-    seeded once before the first: {f"{step}/{name}": tensor}."""
+    (the CPU's and every GPU's) seeded once before the first: {f"{step}/{name}": tensor},
+    on the CPU."""
     run = run or (lambda block, x: block(x))
-    stack = blocks(seed)
+    stack = blocks(seed, device)
     torch.manual_seed(seed + 1)
     found = {}
     for s in range(1, STEPS + 1):
-        x = step(stack, run, *inputs(seed, s))
-        found[f"{s}/input"] = x.grad
+        x = step(stack, run, *inputs(seed, s, device))
+        found[f"{s}/input"] = x.grad.cpu()
         for i, block in enumerate(stack):
             for name, p in block.named_parameters():
-                found[f"{s}/{i}.{name}"] = p.grad.clone()
+                found[f"{s}/{i}.{name}"] = p.grad.cpu().clone()
                 p.grad = None
     return found
 

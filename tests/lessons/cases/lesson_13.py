@@ -5,7 +5,8 @@ Run by tests/lessons/test_13_experts.py as `python lesson_13.py LESSON_FILE OUT_
 balance_loss on the grader's own routing of them (so that each is graded alone). Case
 `layer` loads the grader's router and experts (tests/lessons/cases/lesson_13_models.py)
 into the submission's MoE, runs a forward and a backward of (output x w).sum() plus the
-balancing loss, and writes the output, the loss and every gradient.
+balancing loss, and writes the output, the loss and every gradient. Case `layer_cuda`
+does the same on one GPU.
 """
 
 from __future__ import annotations
@@ -37,15 +38,15 @@ def routing(lesson):
                     "loss": torch.as_tensor(loss).reshape(())})  # fmt: skip
 
 
-@cases.case
-def layer(lesson):
+def _layer(lesson, device: str = "cpu") -> Tensors:
     router, experts = m.experts_like(SEED)
     moe = lesson.MoE(m.DIM, m.E, m.K, m.FACTOR)
     with torch.no_grad():
         moe.router.weight.copy_(router.weight)
         for mine, theirs in zip(moe.experts, experts, strict=True):
             mine.load_state_dict(theirs.state_dict())
-    x, w = m.inputs(SEED)
+    moe.to(device)
+    x, w = (t.to(device) for t in m.inputs(SEED))
     x.requires_grad_()
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -58,8 +59,23 @@ def layer(lesson):
     for e, expert in enumerate(moe.experts):
         for name, p in expert.named_parameters():
             found[f"{e}.{name}"] = p.grad if p.grad is not None else torch.zeros_like(p)
+    found = {k: v.cpu() for k, v in found.items()}
     return Tensors(found, {"load": stats["load"].tolist(), "dropped": int(stats["dropped"]),
                            "flops": int(counter.get_total_flops())})  # fmt: skip
+
+
+@cases.case
+def layer(lesson):
+    return _layer(lesson)
+
+
+@cases.case
+def layer_cuda(lesson):
+    """The same on one GPU (the test marks it gpus(1)), TF32 off: float32 as on the CPU."""
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    return _layer(lesson, "cuda")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ tp 2), each STEPS steps from the same seed, each rank noting the bytes of its pa
 local parts. The last saves a checkpoint at SAVED_AT with
 torch.distributed.checkpoint, which (dp 4, tp 2) loads and trains on; then this process,
 alone, loads it into the whole model and trains on too.
+
+Case `one_gpu`: the one-rank mesh (pp 1, dp 1, tp 1) on a GPU, nccl, STEPS steps.
 """
 
 from __future__ import annotations
@@ -59,20 +61,20 @@ def _whole(t):
 class Run:
     """One shape's model, built with the submission's functions, and the grader's loop."""
 
-    def __init__(self, lesson, shape, summed: bool):
+    def __init__(self, lesson, shape, summed: bool, device: str = "cpu"):
         pp, dp, tp = shape
-        self.shape, self.summed = shape, summed
-        self.mesh = lesson.make_mesh("cpu", pp, dp, tp)
+        self.shape, self.summed, self.device = shape, summed, device
+        self.mesh = lesson.make_mesh(device, pp, dp, tp)
         self.stage = self.mesh["pp"].get_local_rank()
         self.dp_rank, self.tp_rank = (self.mesh[a].get_local_rank() for a in ("dp", "tp"))
         model = m.whole(SEED)
         cut = lesson.stage_of(model, self.stage, pp)
-        self.model = model if cut is None else cut
+        self.model = (model if cut is None else cut).to(device)
         lesson.parallelize(self.model, self.mesh)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=m.LR)
         self.schedule = None
         if pp > 1:
-            self.schedule = lesson.pipeline(self.model, self.mesh, MICRO, torch.device("cpu"))
+            self.schedule = lesson.pipeline(self.model, self.mesh, MICRO, torch.device(device))
 
     @property
     def writer(self) -> bool:
@@ -88,7 +90,7 @@ class Run:
 
     def backward(self, step: int) -> float | None:
         pp, dp, _ = self.shape
-        tokens, targets = (t.chunk(dp)[self.dp_rank] for t in m.batch(step))
+        tokens, targets = (t.chunk(dp)[self.dp_rank].to(self.device) for t in m.batch(step))
         first, last = self.stage == 0, self.stage == pp - 1
         if self.schedule is None:
             loss = F.cross_entropy(self.model(tokens).flatten(0, 1), targets.flatten())
@@ -209,6 +211,16 @@ def _shapes(lesson, rank: int, out: Path, summed: bool) -> dict:
     return found
 
 
+def _one_gpu(lesson, rank: int, out: Path, summed: bool) -> dict:
+    """The one-rank mesh (pp 1, dp 1, tp 1) on a GPU, STEPS steps: what lesson 14's script
+    does on a machine with one GPU."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    run = Run(lesson, (1, 1, 1), summed, device="cuda")
+    losses = [run.step(step) for step in range(1, m.STEPS + 1)]
+    devices = sorted({str(p.device.type) for p in run.model.parameters()})
+    return {"losses": losses, "devices": devices}
+
+
 def _rank(rank, world, port, out, lesson_file, how):
     from course import ranks
     from course.grader import submission
@@ -217,10 +229,11 @@ def _rank(rank, world, port, out, lesson_file, how):
     # Gathering a 2-D-sharded tensor whole takes two all-gathers, and DTensor logs so.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     lesson = submission.load(Path(lesson_file), requires=REQUIRES)
-    ranks.join_local(rank, world, "gloo", port)
+    ranks.join_local(rank, world, "nccl" if how == "one_gpu" else "gloo", port)
     try:
         summed = not ranks.reduce_scatter_averages()
-        work = {"layout": _layout, "composed": _composed, "shapes": _shapes}[how]
+        work = {"layout": _layout, "composed": _composed, "shapes": _shapes,
+                "one_gpu": _one_gpu}[how]  # fmt: skip
         found = work(lesson, rank, Path(out), summed)
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(found))
         dist.barrier()
@@ -228,13 +241,14 @@ def _rank(rank, world, port, out, lesson_file, how):
         dist.destroy_process_group()
 
 
-def _spawn(how: str) -> tuple[Path, dict]:
+def _spawn(how: str, world: int = WORLD) -> tuple[Path, dict]:
     out = cases.out / how
     out.mkdir(parents=True, exist_ok=True)
-    cases.spawn(_rank, WORLD, str(out), str(cases.lesson_file), how,
-                what=f"{WORLD} gloo ranks running the {how} case")  # fmt: skip
+    cuda = how == "one_gpu"
+    what = f"{world} {'nccl' if cuda else 'gloo'} rank(s) running the {how} case"
+    cases.spawn(_rank, world, str(out), str(cases.lesson_file), how, cuda=cuda, what=what)
     found = {"micro_batches": MICRO, "summed": None}
-    for rank in range(WORLD):
+    for rank in range(world):
         found[str(rank)] = json.loads((out / f"rank{rank}.json").read_text())
     return out, found
 
@@ -242,6 +256,14 @@ def _spawn(how: str) -> tuple[Path, dict]:
 def _tensors(path: Path, prefix: str) -> dict:
     got = torch.load(path, weights_only=True)
     return {f"{prefix}/{k}": v for k, v in got.items()}
+
+
+@cases.case
+def one_gpu(lesson):
+    """On one GPU only (the test marks it gpus(1))."""
+    if not torch.cuda.is_available():
+        return None
+    return _spawn("one_gpu", world=1)[1]
 
 
 @cases.case
