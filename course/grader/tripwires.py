@@ -11,8 +11,9 @@ library piece did the work:
     ...
     wires.used                 # ["ZeroRedundancyOptimizer"]: used while the exercise ran
 
-A class is replaced by a subclass of itself (isinstance and subclassing keep working), a
-function by a wrapper. Only the modules of the names asked for are imported.
+A class is replaced by a subclass of itself (isinstance and subclassing keep working), an
+autograd Function by one whose `apply` notes its use, a function by a wrapper. Only the
+modules of the names asked for are imported.
 
 A shortcut often fails later for a reason of its own (a library optimizer whose state_dict
 wants a call first). `Tripwires(..., log=folder / f"rank{rank}.tripwires")` also appends
@@ -48,9 +49,16 @@ LIBRARY = {
                            "torch.distributed.tensor.parallel.api"),
     "checkpoint": ("torch.utils.checkpoint",),
     "checkpoint_sequential": ("torch.utils.checkpoint",),
+    "CheckpointFunction": ("torch.utils.checkpoint",),  # the reentrant checkpoint's Function
 }  # fmt: skip
 PIPELINING = ("PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
               "pipeline")  # fmt: skip
+
+
+def _autograd_function() -> type:
+    import torch
+
+    return torch.autograd.Function
 
 
 class Tripwires:
@@ -73,6 +81,17 @@ class Tripwires:
                     os.close(fd)
 
     def _wired(self, name: str, original):
+        if isinstance(original, type) and issubclass(original, _autograd_function()):
+            wires = self
+
+            def apply(cls, *args, **kwargs):  # a Function is used through its apply
+                wires._note(name)
+                return original.apply(*args, **kwargs)
+
+            return type(original.__name__, (original,), {
+                "apply": classmethod(apply), "__module__": original.__module__,
+                "__qualname__": original.__qualname__, "__doc__": original.__doc__,
+            })  # fmt: skip
         if isinstance(original, type):
             wires = self
 

@@ -52,6 +52,16 @@ MUTANTS = [
         says=["used checkpoint from PyTorch's library"],
     ),
     dict(
+        name="checkpoint_function_as_by_hand",
+        why="Checkpoint.apply is the reentrant checkpoint's own Function: the library again",
+        old="class Checkpoint(torch.autograd.Function):\n",
+        new="class Checkpoint(torch.autograd.Function):\n"
+        "    apply = staticmethod(lambda block, x: __import__('torch.utils.checkpoint')\n"
+        "                         .utils.checkpoint.CheckpointFunction.apply(block, True, x))\n",
+        caught_by="bit_for_bit",
+        says=["used CheckpointFunction from PyTorch's library"],
+    ),
+    dict(
         name="policy_saves_everything",
         why="every operator's output saved: no checkpointing left, the bytes of none",
         old="    return CheckpointPolicy.MUST_SAVE if op in MATMULS else "

@@ -73,7 +73,7 @@ def grade_lesson(number: str, impl: Path) -> dict:
 
 
 def machine() -> str:
-    """"gpu" where this process sees a CUDA GPU, else "cpu": which record describes it."""
+    """ "gpu" where this process sees a CUDA GPU, else "cpu": which record describes it."""
     from course.runtime import visible_gpus
 
     return "gpu" if visible_gpus() else "cpu"

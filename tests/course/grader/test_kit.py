@@ -130,6 +130,22 @@ def test_tripwires_note_the_library_and_still_run_it(tmp_path):
         tripwires.Tripwires("not_a_library_piece")
 
 
+def test_a_tripwire_on_an_autograd_function_notes_its_apply():
+    """torch.utils.checkpoint.CheckpointFunction.apply, called directly, is the library's
+    checkpoint too: the wire notes it, and the result is the original's."""
+    import torch.utils.checkpoint as tuc
+
+    original = tuc.CheckpointFunction
+    layer = torch.nn.Linear(3, 3)
+    x = torch.ones(2, 3, requires_grad=True)
+    with tripwires.Tripwires("CheckpointFunction") as wires:
+        out = tuc.CheckpointFunction.apply(layer, True, x)
+        out.sum().backward()
+        assert wires.used == ["CheckpointFunction"]
+    assert tuc.CheckpointFunction is original
+    assert torch.allclose(out, layer(torch.ones(2, 3))) and x.grad is not None
+
+
 def test_draws_replay_from_the_seed_and_vary_across_seeds(monkeypatch):
     """The same seed draws the same everywhere; over 50 seeds every option comes up."""
     picks = {}

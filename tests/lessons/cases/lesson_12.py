@@ -28,7 +28,7 @@ from course.grader.tripwires import Tripwires  # noqa: E402
 cases = Cases()
 REQUIRES = ("Checkpoint", "run_block", "policy")
 SEED = 5  # tests/lessons/test_12_long_sequences.py's CHECKPOINT_SEED
-wires = Tripwires("checkpoint", "checkpoint_sequential").install()  # before the lesson loads
+wires = Tripwires("checkpoint", "checkpoint_sequential", "CheckpointFunction").install()
 
 
 def _measure(run) -> dict:
