@@ -26,7 +26,9 @@ receives. `received` is the size of the output where the op has one (a gather's 
 buffer). `group` lists the global ranks of the op's group; `peer` is the global rank of a
 send's destination, a receive's source, or a broadcast's, reduce's, gather's or scatter's
 root. `tick` orders the records and the marks a case
-makes with `mark()`.
+makes with `mark()`; with `CommRecorder(matmuls=True)` the ticks of the matrix products
+too (`matmuls`), and `watch_waits()` notes when each isend's or irecv's Work was waited
+for (a record's `waited`): what travelled while the rank computed.
 """
 
 from __future__ import annotations
@@ -57,6 +59,21 @@ KINDS = {
 IGNORED = ("wait_tensor", "_wrap_tensor_autograd")  # not communication of their own
 POINT_TO_POINT = ("send", "recv")
 ROOTED = ("broadcast", "reduce", "gather", "scatter")  # the int after the group: the root
+ASYNC = ("isend", "irecv", "batch_isend_irecv")  # what returns Work a rank waits for later
+
+
+def _matmul_ops() -> set:
+    """The matrix products: what attention and linear layers compute with."""
+    names = (
+        "mm",
+        "bmm",
+        "addmm",
+        "baddbmm",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_attention_math",
+    )
+    return {op for name in names if (op := getattr(torch.ops.aten, name, None)) is not None}
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -133,10 +150,11 @@ def describe(func, args: tuple, kwargs: dict) -> dict | None:
 class CommRecorder(TorchDispatchMode):
     """Records every c10d operator issued while it is active (see the module's doc)."""
 
-    def __init__(self):
+    def __init__(self, matmuls: bool = False):
         super().__init__()
         self.records: list[dict] = []
         self.marks: list[tuple[int, str]] = []
+        self.matmuls: list[int] | None = [] if matmuls else None  # their ticks, if asked
         self.phase = "other"
         self._clock = 0
         self._lock = threading.Lock()
@@ -167,7 +185,49 @@ class CommRecorder(TorchDispatchMode):
         if record is not None:
             record |= {"phase": self.phase, "tick": self.tick()}
             self.records.append(record)
+        elif self.matmuls is not None and func.overloadpacket in _matmul_ops():
+            self.matmuls.append(self.tick())
         return func(*args, **kwargs)
+
+    def watch_waits(self, names=ASYNC) -> None:
+        """Wrap torch.distributed's functions `names` (isend, irecv, batch_isend_irecv):
+        each Work they return notes, when first waited for, the tick on the records its
+        call made ("waited"). In distributed_c10d too, where P2POp checks its op is isend
+        or irecv. Call before the submission is loaded (`from x import y` binds)."""
+        import torch.distributed as dist
+
+        for name in names:
+            original = getattr(dist.distributed_c10d, name, None)
+            if original is not None:
+                wrapped = self._watched(original)
+                setattr(dist, name, wrapped)
+                setattr(dist.distributed_c10d, name, wrapped)
+
+    def _watched(self, original):
+        recorder = self
+
+        class Watched:
+            def __init__(self, work, made: list[dict]):
+                self._work, self._made = work, made
+
+            def wait(self, *args, **kwargs):
+                tick = recorder.tick()
+                for record in self._made:
+                    record.setdefault("waited", tick)
+                return self._work.wait(*args, **kwargs)
+
+            def __getattr__(self, name):
+                return getattr(self._work, name)
+
+        def watched(*args, **kwargs):
+            first = len(recorder.records)
+            work = original(*args, **kwargs)
+            made = recorder.records[first:]
+            if isinstance(work, list):  # batch_isend_irecv: one Work a message
+                return [Watched(w, made) for w in work]
+            return work if work is None else Watched(work, made)
+
+        return watched
 
     def of(self, op: str | None = None, phase: str | None = None) -> list[dict]:
         """The records of kind `op` and phase `phase` (None: any)."""

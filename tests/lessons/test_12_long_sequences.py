@@ -336,6 +336,33 @@ def test_ring_attention_equals_attention_over_the_whole_sequence(impl, tmp_path_
 
 
 @pytest.mark.exercise("ring.py")
+@pytest.mark.points(1)
+def test_the_ring_attends_while_the_next_block_travels(impl, tmp_path_factory):
+    """Forward with the zig-zag split (every rank has work at every hop), seen by the
+    grading kit: each of the N - 1 hops is posted (isend, irecv), then the rank attends to
+    the block it holds, then it waits for the hop. A ring that
+    waits for each hop before attending moves the same bytes but overlaps nothing: its
+    messages add to its time instead of hiding behind the attention."""
+    found, _ = _ring(impl, tmp_path_factory)
+    world = found["world"]
+    for r in range(world):
+        for split in ("zigzag",):  # plain: a rank may have nothing to attend at a hop
+            mine = found[str(r)][split]
+            sends = [x for x in mine["records"] if x["phase"] == "forward" and x["op"] == "send"]
+            hidden = [
+                x for x in sends
+                if any(x["tick"] < t < (x["waited"] or x["tick"]) for t in mine["matmuls"])
+            ]  # fmt: skip
+            assert len(hidden) >= world - 1, (
+                f"RingAttention ({split}), rank {r} of {world}, forward: {len(hidden)} of its "
+                f"{len(sends)} sends had attention computed between their posting and their "
+                f"wait; expected all {world - 1} hops to travel while the rank attends to the "
+                "block it holds. Likely cause: each hop waited for (or sent blocking) before "
+                "attending, so the ring overlaps nothing"
+            )
+
+
+@pytest.mark.exercise("ring.py")
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_the_ring_passes_keys_and_values_to_one_neighbour(impl, tmp_path_factory):

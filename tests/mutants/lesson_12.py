@@ -206,6 +206,29 @@ MUTANTS += [
     ),
 ]
 
+MUTANTS += [
+    dict(
+        name="ring_waits_before_attending",
+        file=RING,
+        why="each hop waited for before attending: the same bytes, nothing overlapped",
+        old="            theirs = chunks_of((rank - step) % world, world, split)\n"
+        "            accumulate(qs, out, lse, kv[0], kv[1], mine, theirs)\n"
+        "            if step < world - 1:\n"
+        "                for request in hop:\n"
+        "                    request.wait()\n"
+        "                kv = incoming\n",
+        new="            if step < world - 1:\n"
+        "                for request in hop:\n"
+        "                    request.wait()\n"
+        "            theirs = chunks_of((rank - step) % world, world, split)\n"
+        "            accumulate(qs, out, lse, kv[0], kv[1], mine, theirs)\n"
+        "            if step < world - 1:\n"
+        "                kv = incoming\n",
+        caught_by="attends_while_the_next_block_travels",
+        says=("overlaps nothing",),
+    ),
+]
+
 ALTERNATIVES = [
     dict(
         name="the_other_way_round",

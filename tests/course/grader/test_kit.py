@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from course import REPO_ROOT
-from course.grader import draws, tripwires
+from course.grader import comm, draws, tripwires
 from course.grader.meter import Meter
 
 RANKS = textwrap.dedent(
@@ -128,6 +128,23 @@ def test_tripwires_note_the_library_and_still_run_it(tmp_path):
     assert "ShardedOptimizer used ZeroRedundancyOptimizer" in line
     with pytest.raises(ValueError, match="no tripwire"):
         tripwires.Tripwires("not_a_library_piece")
+
+
+def test_the_recorder_ticks_the_matrix_products_when_asked():
+    """CommRecorder(matmuls=True) notes a tick for each matrix product (what attention
+    computes with), on the clock its records and marks share; without it, none."""
+    a = torch.ones(2, 3, 4)
+    recorder = comm.CommRecorder(matmuls=True)
+    with recorder:
+        before = recorder.mark("before")
+        a @ a.transpose(-2, -1)  # one bmm
+        (a + 1).sum()  # no product
+        after = recorder.mark("after")
+    assert len(recorder.matmuls) == 1 and before < recorder.matmuls[0] < after
+    plain = comm.CommRecorder()
+    with plain:
+        a @ a.transpose(-2, -1)
+    assert plain.matmuls is None and plain.records == []
 
 
 def test_a_tripwire_on_an_autograd_function_notes_its_apply():

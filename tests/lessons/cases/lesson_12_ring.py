@@ -42,6 +42,8 @@ def _rank(rank, world, port, out, lesson_file, how):
     from course.grader import submission
 
     torch.set_num_threads(1)
+    waits = CommRecorder()  # only its wrappers: each split's recorder takes the records
+    waits.watch_waits()  # before the lesson loads: when each isend's Work is waited for
     lesson = submission.load(Path(lesson_file), requires=REQUIRES)
     ranks.join_local(rank, world, "gloo", port)
     tensors, found = {}, {}
@@ -52,7 +54,8 @@ def _rank(rank, world, port, out, lesson_file, how):
             chunks = list(lesson.chunks_of(rank, world, split))
             parts = world * len(chunks) if chunks else 1
             local = [m.pieces(t, chunks, parts).requires_grad_() for t in (q, k, v)]
-            recorder = CommRecorder()
+            recorder = CommRecorder(matmuls=True)
+            waits.records, waits.tick = recorder.records, recorder.tick  # one clock
             with recorder, FlopCounterMode(display=False) as flops:
                 with recorder.during("forward"):
                     if how == "ring":
@@ -60,14 +63,17 @@ def _rank(rank, world, port, out, lesson_file, how):
                     else:
                         output = lesson.gathered_attention(*local, split)
                 forward_flops = flops.get_total_flops()
+            matmuls = list(recorder.matmuls)  # the forward's
             with recorder, recorder.during("backward"):
                 output.backward(m.pieces(dout, chunks, parts))
             tensors |= {f"{split}/out": output.detach(), f"{split}/dq": local[0].grad,
                         f"{split}/dk": local[1].grad, f"{split}/dv": local[2].grad}  # fmt: skip
             found[split] = {
                 "chunks": chunks, "flops": forward_flops, "kv_bytes": 2 * local[1].nbytes,
-                "records": [{k: r[k] for k in ("op", "phase", "peer", "bytes", "received",
-                                               "dtypes")} for r in recorder.records],
+                "records": [{k: r.get(k) for k in ("op", "phase", "peer", "bytes", "received",
+                                                   "dtypes", "tick", "waited")}
+                            for r in recorder.records],
+                "matmuls": matmuls,
             }  # fmt: skip
         torch.save(tensors, Path(out) / f"rank{rank}.pt")
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(found))
