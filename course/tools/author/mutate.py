@@ -198,6 +198,7 @@ def run(number: str, jobs: int, seeds: list[int], only: list[str] | None = None,
     deadline = _deadline(lesson)
     planned = again["planned"] if again is not None else len(cases)
     marked = [*again["seeds"], *seeds] if again is not None else seeds  # the record's seeds
+    rerun = seeds if again is not None else None
     with tempfile.TemporaryDirectory(prefix="course-mutate-") as tmp:
         copies: queue.Queue = queue.Queue()
         for k in range(jobs):
@@ -213,11 +214,11 @@ def run(number: str, jobs: int, seeds: list[int], only: list[str] | None = None,
                 print(f"[{i}/{len(todo)}] {r['outcome']:<9} {r['file']}:{r['line']} "
                       f"{r['operator']}: {r['after'][:60]}", flush=True)  # fmt: skip
                 if save is not None:
-                    save(record(lesson, files, marked, kept + results, planned))
+                    save(record(lesson, files, marked, kept + results, planned, rerun))
     for c in cases:
         if _key(c) in equivalents:
             results.append({**c, "outcome": "equivalent", "reason": equivalents[_key(c)]})
-    return record(lesson, files, marked, kept + results, planned)
+    return record(lesson, files, marked, kept + results, planned, rerun)
 
 
 def declared(number: str) -> dict[str, str]:
@@ -263,7 +264,9 @@ def triage(doc: dict, equivalents: dict[str, str]) -> dict:
     return doc
 
 
-def record(lesson, files, seeds, results, planned: int) -> dict:
+def record(lesson, files, seeds, results, planned: int, again: list | None = None) -> dict:
+    """The record; `again`: the seeds of a run that graded only the survivors of one
+    before (the record's seeds are then both runs')."""
     counts, score = scored(results)
     return {
         "kind": KIND,
@@ -281,15 +284,18 @@ def record(lesson, files, seeds, results, planned: int) -> dict:
         "planned": planned,  # mutants made; fewer in `mutants` where the run was stopped
         "score": score,
         "mutants": sorted(results, key=lambda r: (r["file"], r["line"], r["operator"])),
-        "provenance": provenance(lesson.number, seeds),
+        "provenance": provenance(lesson.number, again or seeds, again is not None),
     }
 
 
-def provenance(number: str, seeds: list[int]) -> dict:
+def provenance(number: str, seeds: list[int], again: bool = False) -> dict:
     import course
 
+    command = f"python -m course mutate {number} --seeds {len(seeds)}"
+    if again:  # the last run graded only the survivors of the one before, at its seeds
+        command = f"python -m course mutate {number} --again --seeds {len(seeds)}"
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": f"python -m course mutate {number} --seeds {len(seeds)}",
+            "command": command,
             "cpus": str(os.cpu_count()), "torch": metadata.version("torch"),
             "python": sys.version.split()[0], "course": course.__version__}  # fmt: skip
 
