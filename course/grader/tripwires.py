@@ -50,7 +50,14 @@ LIBRARY = {
     "checkpoint": ("torch.utils.checkpoint",),
     "checkpoint_sequential": ("torch.utils.checkpoint",),
     "CheckpointFunction": ("torch.utils.checkpoint",),  # the reentrant checkpoint's Function
+    # Differentiable all-to-alls (MODULE:NAME where torch.distributed has a plain one too)
+    "torch.distributed.nn.functional:all_to_all_single": ("torch.distributed.nn.functional",),
+    "torch.distributed.nn.functional:all_to_all": ("torch.distributed.nn.functional",),
+    "all_to_all_single_autograd": ("torch.distributed._functional_collectives",),
 }  # fmt: skip
+DIFFERENTIABLE_ALL_TO_ALL = ("torch.distributed.nn.functional:all_to_all_single",
+                             "torch.distributed.nn.functional:all_to_all",
+                             "all_to_all_single_autograd")  # fmt: skip
 PIPELINING = ("PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
               "pipeline")  # fmt: skip
 
@@ -119,13 +126,14 @@ class Tripwires:
                     module = importlib.import_module(module_name)
                 except ImportError:
                     continue  # not in this PyTorch
-                original = getattr(module, name, None)
+                attribute = name.rsplit(":", 1)[-1]  # MODULE:NAME names one module's
+                original = getattr(module, attribute, None)
                 if original is None:
                     continue
                 if id(original) not in replaced:
                     replaced[id(original)] = self._wired(name, original)
-                self._restore.append((module, name, original))
-                setattr(module, name, replaced[id(original)])
+                self._restore.append((module, attribute, original))
+                setattr(module, attribute, replaced[id(original)])
         return self
 
     def remove(self) -> None:
@@ -142,8 +150,9 @@ class Tripwires:
 
 def refused(used: list[str], exercise: str) -> str:
     """The grade's line for a shortcut: which library piece did the exercise."""
+    named = ", ".join(name.replace(":", ".") for name in used)
     return (
-        f"{exercise} used {', '.join(used)} from PyTorch's library: the exercise asks for it "
+        f"{exercise} used {named} from PyTorch's library: the exercise asks for it "
         "by hand, so this part earns no points (the library's own version is graded in its "
         "own exercise)"
     )

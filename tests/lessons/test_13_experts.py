@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from course import registry
+from course.grader import tripwires
 from course.grader.case_runs import run_lesson_cases
 from course.grader.draws import draw
 from course.grader.tolerances import seed, tolerance
@@ -281,6 +282,9 @@ def _reference(rank: int, mean: bool = False):
 
 def _ep_exact(found, tensors, what: str, averaged: bool) -> None:
     world = found["world"]
+    for rank in range(world):
+        used = found[str(rank)]["library"]
+        assert not used, f"rank {rank}: " + tripwires.refused(used, "AllToAll")
     per = m.E // (world if not averaged else 2)
     refs = [_reference(r, mean=averaged) for r in range(world)]
     total = {k: sum(ref[2][k] for ref in refs) / (world if averaged else 1) for k in refs[0][2]}
@@ -317,7 +321,8 @@ def test_expert_parallel_computes_what_one_process_computes(impl, tmp_path_facto
     """ExpertParallel over 2 or 4 gloo ranks (drawn), 8 experts split evenly, each rank
     routing its own 24 tokens: each rank's output and input gradient, its router
     gradient, and each expert's gradient on the rank that holds it (the sum of every
-    rank's tokens' shares), equal the grader's whole layer on those tokens."""
+    rank's tokens' shares), equal the grader's whole layer on those tokens. AllToAll is
+    the hand-written one: torch's differentiable all-to-alls are tripwired."""
     found, tensors = _case(impl, tmp_path_factory, "ep", ep=True)
     _ep_exact(found, tensors, "ExpertParallel", averaged=False)
 

@@ -134,6 +134,36 @@ MUTANTS = [
     ),
 ]
 
+MUTANTS += [
+    dict(
+        name="differentiable_all_to_all_of_torch",
+        file=EP,
+        why="AllToAll is torch.distributed.nn.functional's differentiable all-to-all: the "
+        "exercise done by the library",
+        old="class AllToAll(torch.autograd.Function):\n",
+        new="class AllToAll(torch.autograd.Function):\n"
+        "    apply = staticmethod(lambda x, send, receive, group: __import__(\n"
+        "        'torch.distributed.nn.functional', fromlist=['f']).all_to_all_single(\n"
+        "        x.new_empty((sum(receive), *x.shape[1:])), x.contiguous(), receive, send,\n"
+        "        group=group))\n",
+        caught_by="expert_parallel_computes_what_one_process",
+        says=("used torch.distributed.nn.functional.all_to_all_single",),
+    ),
+    dict(
+        name="list_form_all_to_all_on_gloo",
+        file=EP,
+        why="dist.all_to_all's list form, right on nccl, impossible on gloo with uneven "
+        "pieces: the grade must say why rather than show gloo's size error",
+        old="        dist.all_to_all_single(out, x.contiguous(), receive, send, group=group)\n"
+        "        return out\n",
+        new="        outs = [x.new_empty((r, *x.shape[1:])) for r in receive]\n"
+        "        dist.all_to_all(outs, list(x.contiguous().split(send)), group=group)\n"
+        "        return torch.cat(outs)\n",
+        caught_by="expert_parallel_computes_what_one_process",
+        says=("the list form works on nccl",),
+    ),
+]
+
 ALTERNATIVES = [
     dict(
         name="lists_and_loops",

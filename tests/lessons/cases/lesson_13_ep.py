@@ -8,11 +8,13 @@ routes its own tokens, and runs a forward and a backward of (output x w).sum(). 
 `ep_dp`: 4 ranks as 2 groups of 2 (the submission's `groups`), each rank's loss its
 tokens' mean, then the submission's average_gradients. Each rank writes its output and
 gradients, and what the grading kit's recorder saw below torch.distributed: every
-collective, its phase and bytes.
+collective, its phase and bytes; and which of torch's differentiable all-to-alls (a
+tripwire each) did the hand-written AllToAll's work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -27,6 +29,7 @@ from course.grader.cases import Cases, Tensors  # noqa: E402
 from course.grader.comm import CommRecorder  # noqa: E402
 from course.grader.draws import draw  # noqa: E402
 from course.grader.tolerances import seed  # noqa: E402
+from course.grader.tripwires import DIFFERENTIABLE_ALL_TO_ALL, Tripwires, naming_shortcuts  # noqa: E402
 
 cases = Cases()
 REQUIRES = ("ExpertParallel", "AllToAll", "groups", "average_gradients")
@@ -35,11 +38,32 @@ SEED = seed(6)  # tests/lessons/test_13_experts.py's
 FACTOR = 1.25
 
 
+@contextlib.contextmanager
+def gloo_list_form_explained():
+    """gloo's list-form all_to_all takes tensors of one size only (ProcessGroupGloo::alltoall
+    checks each against the first): with routing's uneven counts it cannot work there.
+    Say so, instead of gloo's one line about a tensor's size."""
+    try:
+        yield
+    except RuntimeError as err:
+        if "ProcessGroupGloo::alltoall" not in str(err):
+            raise
+        raise RuntimeError(
+            "dist.all_to_all (the list form) on gloo needs every tensor the same size, and "
+            "routing sends each rank a different number of rows; gloo said: "
+            f"{str(err).splitlines()[0]}. Use dist.all_to_all_single with output and input "
+            "split sizes (gloo supports those); the list form works on nccl"
+        ) from None
+
+
 def _rank(rank, world, port, out, lesson_file, how):
     from course import ranks
     from course.grader import submission
 
     torch.set_num_threads(1)
+    # The hand-written AllToAll is the exercise: torch's differentiable ones are tripwired.
+    wires = Tripwires(*DIFFERENTIABLE_ALL_TO_ALL, log=Path(out, f"rank{rank}.tripwires"))
+    wires.install()  # before the lesson loads: `from x import y` binds
     lesson = submission.load(Path(lesson_file), requires=REQUIRES)
     ranks.join_local(rank, world, "gloo", port)
     try:
@@ -52,7 +76,7 @@ def _rank(rank, world, port, out, lesson_file, how):
         x, w = m.inputs(SEED * 100 + rank)
         x.requires_grad_()
         recorder = CommRecorder()
-        with recorder:
+        with recorder, gloo_list_form_explained():
             with recorder.during("forward"):
                 y, aux, _ = layer(x)
             with recorder.during("backward"):
@@ -69,7 +93,8 @@ def _rank(rank, world, port, out, lesson_file, how):
         records = [{k: r[k] for k in ("op", "phase", "bytes", "received", "dtypes", "group")}
                    for r in recorder.records]  # fmt: skip
         torch.save(tensors, Path(out) / f"rank{rank}.pt")
-        (Path(out) / f"rank{rank}.json").write_text(json.dumps({"held": held, "records": records}))
+        found = {"held": held, "records": records, "library": wires.used}
+        (Path(out) / f"rank{rank}.json").write_text(json.dumps(found))
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -78,8 +103,9 @@ def _rank(rank, world, port, out, lesson_file, how):
 def _spawn(how: str, world: int):
     out = cases.out / how
     out.mkdir(parents=True, exist_ok=True)
-    cases.spawn(_rank, world, str(out), str(cases.lesson_file), how,
-                what=f"{world} gloo ranks running ExpertParallel ({how})")  # fmt: skip
+    with naming_shortcuts(out, "AllToAll"):
+        cases.spawn(_rank, world, str(out), str(cases.lesson_file), how,
+                    what=f"{world} gloo ranks running ExpertParallel ({how})")  # fmt: skip
     tensors, found = {}, {"world": world}
     for rank in range(world):
         got = torch.load(out / f"rank{rank}.pt", weights_only=True)
