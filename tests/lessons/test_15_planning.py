@@ -165,6 +165,23 @@ def test_traffic_equals_the_programs(impl, tmp_path_factory):
 # --- part 2: the step time and the questions, against the grader's model ----------------
 
 
+# What each term of the page's model is made of: where a wrong term's mistake hides.
+TERM_CAUSES = {
+    "compute": "compute is 6 x the stage's matmul weights (each block's up and down, split "
+    "over tp, and the head on the last stage) x this dp rank's tokens, over flops x "
+    "efficiency; check which stage you report (the busiest), the tp split and the tokens",
+    "tp": "tp is the all-reduces' bytes x 2(n - 1)/n over the link the tp ranks span, plus "
+    "a latency per call (2 a block a micro-batch)",
+    "pp": "pp is the bytes sent over the link the whole world spans, plus a latency per "
+    "message (one a micro-batch to each neighbour: a middle stage has two)",
+    "dp": "dp is (n - 1) x what the all-gathers send plus (n - 1)/n x the reduce-scatters' "
+    "input, over the link dp x tp ranks span, plus a latency per call (2 a unit)",
+    "exposed": "exposed is dp minus compute where dp is larger, else 0",
+    "bubble": "the bubble is the busiest stage's busy time (compute + tp + pp) x (pp - 1)/m",
+    "total": "the total is the busiest stage's busy time plus its bubble plus exposed dp",
+}
+
+
 @pytest.mark.points(3)
 def test_step_time_follows_the_pages_model(impl, tmp_path_factory):
     """step_time() for large hidden models on hidden machines (among them dp = 1, a middle
@@ -192,8 +209,11 @@ def test_step_time_follows_the_pages_model(impl, tmp_path_factory):
             assert math.isclose(seen, want[term], rel_tol=RELATIVE, abs_tol=1e-15), (
                 f"step time's {term!r}: expected {want[term]:.6g} s, got {seen:.6g} s, for "
                 f"(pp {c.pp}, dp {c.dp}, tp {c.tp}), {c.micro_batches} micro-batches, dim "
-                f"{c.dim}, {c.depth} blocks, {hw['gpus_per_node']} GPUs a node (expected "
-                "terms: " + ", ".join(f"{k} {v:.4g}" for k, v in want.items()) + ")"
+                f"{c.dim}, {c.depth} blocks, {hw['gpus_per_node']} GPUs a node; the busiest "
+                f"stage is stage {m.busiest(c, hw)} of {c.pp} (expected terms: "
+                + ", ".join(f"{k} {v:.4g}" for k, v in want.items())
+                + "). "
+                + TERM_CAUSES[term]
             )
 
 
