@@ -227,6 +227,36 @@ MUTANTS += [
         caught_by="attends_while_the_next_block_travels",
         says=("overlaps nothing",),
     ),
+    dict(
+        name="ring_keeps_every_block_then_attends",
+        file=RING,
+        why="every block kept as it arrives, all attended after the ring: N blocks held at "
+        "once, and nothing overlapped",
+        old="            theirs = chunks_of((rank - step) % world, world, split)\n"
+        "            accumulate(qs, out, lse, kv[0], kv[1], mine, theirs)\n"
+        "            if step < world - 1:\n"
+        "                for request in hop:\n"
+        "                    request.wait()\n"
+        "                kv = incoming\n",
+        new="            kept.append((kv, chunks_of((rank - step) % world, world, split)))\n"
+        "            if step < world - 1:\n"
+        "                for request in hop:\n"
+        "                    request.wait()\n"
+        "                kv = incoming\n"
+        "        for block, theirs in kept:\n"
+        "            accumulate(qs, out, lse, block[0], block[1], mine, theirs)\n",
+        also=[
+            dict(
+                file=RING,
+                old="        for step in range(world):\n            if step < world - 1:\n"
+                "                incoming = torch.empty_like(kv)\n",
+                new="        kept = []\n        for step in range(world):\n"
+                "            if step < world - 1:\n"
+                "                incoming = torch.empty_like(kv)\n",
+            )
+        ],  # fmt: skip
+        caught_by="attends_while_the_next_block_travels",
+    ),
 ]
 
 ALTERNATIVES = [
