@@ -55,9 +55,11 @@ where a new helper goes (tests/course/test_layout.py checks this map against the
                      they import nothing heavy at start-up (_site/sitecustomize.py, the
                      entry point, installs them: course.launch puts _site on PYTHONPATH)
     write_log, batch_log, weight_log, ddp_log, connect_log: what a rank did
+    optimizer_log    which optimizer classes stepped (a flag that picks one, seen working)
     comm_log         every collective and message of each rank (grader's recorder)
     rank_output      each rank's stdout and stderr in a file of its own
-    chaos            faults on purpose: kill a rank at a step, or mid-write
+    chaos            faults on purpose: kill a rank at a step, or mid-write, a late or
+                     swapped collective, slow store reads
     step_clock       when each optimizer step ended, and how long the next batch took
     lines            how they append to their logs: one O_APPEND write a line
 

@@ -16,6 +16,7 @@ imports it (`after_torch_import`):
                         communication hook, and its options (course/probes/ddp_log.py)
     COURSE_COMM_LOG     every collective and point-to-point op of each rank, seen by the
                         grading kit's recorder (course/probes/comm_log.py)
+    COURSE_OPTIMIZER_LOG  the classes of the optimizers that step (course/probes/optimizer_log.py)
     COURSE_RANK_LOG_DIR each rank's output in a file of its own (course/probes/rank_output.py)
     COURSE_CONNECT_LOG  every TCP connect attempt, timed (course/probes/connect_log.py)
     COURSE_READY_LOG    when the process finished importing torch (and torch._dynamo):
@@ -41,6 +42,7 @@ ENVIRONMENT = (
     "COURSE_BATCH_LOG",
     "COURSE_DDP_LOG",
     "COURSE_COMM_LOG",
+    "COURSE_OPTIMIZER_LOG",
     "COURSE_RANK_LOG_DIR",
     "COURSE_CONNECT_LOG",
     "COURSE_READY_LOG",
@@ -91,6 +93,10 @@ def _install_torch_probes() -> None:
         from course.probes import comm_log
 
         comm_log.install()
+    if os.environ.get("COURSE_OPTIMIZER_LOG"):
+        from course.probes import optimizer_log
+
+        optimizer_log.install()
     if os.environ.get("COURSE_REPLICA_LOG"):
         from course.probes import weight_log
 

@@ -37,6 +37,7 @@ from course import registry
 from course.grader import tripwires
 from course.grader.case_runs import run_lesson_cases
 from course.grader.tolerances import seed, tolerance
+from course.probes import optimizer_log
 
 LESSON = registry.get("10")
 CASES = Path(__file__).with_name("cases") / "lesson_10.py"
@@ -230,7 +231,9 @@ def launch(impl, folder: Path, *args):
     command = [sys.executable, str(LESSON.path(impl)), "--nproc", WORLD, "--backend", "gloo"]
     command += ["--epochs", 2, "--batch-size", 32, "--seed", seed(1), "--quiet"]
     command += ["--metrics-out", "metrics.json", *args]
-    return dict(args=[str(a) for a in command], timeout=120, cwd=folder, log_dir=folder / "ranks")
+    (folder / "optimizers").mkdir()  # which optimizer classes step: the flag's effect
+    return dict(args=[str(a) for a in command], timeout=120, cwd=folder, log_dir=folder / "ranks",
+                env={optimizer_log.LOG_ENV: str(folder / "optimizers")})  # fmt: skip
 
 
 @pytest.fixture
@@ -299,7 +302,8 @@ def test_the_script_learns_and_shards_its_optimizer(runs):
     """zero.py on 2 gloo ranks (2 x 32, 2 epochs of the digits) reaches 80 % test accuracy
     with ShardedOptimizer; --optimizer plain and --optimizer torch print the same losses,
     plain with the whole state on both ranks; sharded, yours and PyTorch's, the ranks'
-    states add up to one copy."""
+    states add up to one copy. Each flag's optimizer is the one that steps (seen by a
+    probe): --optimizer torch runs ZeroRedundancyOptimizer, the others never do."""
     zero = {n: run for n, run in runs.items() if n in ("sharded", "plain", "torch")}
     for name, (result, _) in zero.items():
         if not result.ok:
@@ -328,6 +332,16 @@ def test_the_script_learns_and_shards_its_optimizer(runs):
         f"sharded, the ranks hold {sharded} bytes: together they should be one copy, "
         f"{plain[0]:,} bytes"
     )
+    stepped = {n: optimizer_log.read(f / "optimizers") for n, (_, f) in zero.items()}
+    zero_redundancy = "ZeroRedundancyOptimizer"
+    for name, classes in stepped.items():
+        names = {c for rank in classes.values() for c in rank}
+        uses = any(c.endswith(zero_redundancy) for c in names)
+        assert sorted(classes) == list(range(WORLD)) and uses == (name == "torch"), (
+            f"--optimizer {name}: the optimizers that stepped, by rank, were {classes}; "
+            + (f"expected torch's {zero_redundancy} (and its AdamW): the flag must pick it"
+               if name == "torch" else f"expected no {zero_redundancy}")
+        )  # fmt: skip
     theirs = {int(r): int(b.replace(",", "")) for r, b, _ in printed["torch"]}
     assert sum(theirs.values()) == plain[0] and max(theirs.values()) < plain[0], (
         f"--optimizer torch (ZeroRedundancyOptimizer): the ranks hold {theirs} bytes; "

@@ -260,6 +260,14 @@ MUTANTS = [
 
 MUTANTS += [
     dict(
+        name="optimizer_torch_ignored",
+        why="--optimizer torch parsed and ignored: ShardedOptimizer runs, the same numbers",
+        old='    if args.optimizer == "sharded":\n',
+        new='    if args.optimizer in ("sharded", "torch"):\n',
+        caught_by="learns_and_shards_its_optimizer",
+        says=("the flag must pick it",),
+    ),
+    dict(
         file=FSDP,
         name="prefetch_the_layer_after_next",
         why="the prefetch fetches the layer after next: a full weight held a layer longer",
