@@ -134,7 +134,7 @@ class AllGather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # TODO: x's gradient: every rank used it, so it is the sum of every rank's
-        # gradient for this rank's slot.
+        # gradient for this rank's slot, and this rank needs no other slot's sum.
         raise NotImplementedError("TODO at 12_long_sequences/ring.py:138 is not done yet")
 
 

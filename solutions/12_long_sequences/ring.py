@@ -192,14 +192,15 @@ class AllGather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # TODO: x's gradient: every rank used it, so it is the sum of every rank's
-        # gradient for this rank's slot.
-        # HINT 1: One all-reduce sums the whole stacked gradient; keep your own slot.
-        # HINT 2: grad = grad.contiguous().clone(); dist.all_reduce(grad);
-        #   return grad[dist.get_rank()]
+        # gradient for this rank's slot, and this rank needs no other slot's sum.
+        # HINT 1: The all-gather's adjoint is a reduce-scatter: rank r receives the sum of
+        #   slot r only (an all-reduce would bring every slot's sum, twice the bytes).
+        # HINT 2: mine = torch.empty_like(grad[0]).view(-1); dist.reduce_scatter_tensor(
+        #   mine, grad.contiguous().view(-1)) (gloo wants them flat); return mine.view_as(grad[0])
         ### BEGIN SOLUTION
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad)
-        return grad[dist.get_rank()]
+        mine = torch.empty_like(grad[0]).view(-1)
+        dist.reduce_scatter_tensor(mine, grad.contiguous().view(-1))
+        return mine.view_as(grad[0])
         ### END SOLUTION
 
 

@@ -437,17 +437,25 @@ def test_zigzag_balances_the_causal_work(impl, tmp_path_factory):
 @pytest.mark.points(1)
 def test_the_all_gather_baseline_gathers_every_key_and_value(impl, tmp_path_factory):
     """gathered_attention on the same ranks: the same output and gradients, with one
-    all-gather in forward that brings every rank N times its own keys and values, and one
-    all-reduce in backward."""
+    all-gather in forward that brings every rank N times its own keys and values, and its
+    adjoint in backward, one reduce-scatter: each rank receives the sum of its own slot
+    only, half the bytes an all-reduce of every slot moves."""
     found, tensors = _case(impl, tmp_path_factory, "gather", ring=True)
     _exact(found, tensors, "zigzag", "gathered_attention")
     world = found["world"]
     for r in range(world):
         mine = found[str(r)]["zigzag"]
         ops = [(x["op"], x["phase"]) for x in mine["records"]]
-        assert ops == [("all_gather", "forward"), ("all_reduce", "backward")], (
+        assert ops == [("all_gather", "forward"), ("reduce_scatter", "backward")], (
             f"gathered_attention, rank {r}: collectives (op, phase) {ops}; expected one "
-            "all_gather in forward and one all_reduce in backward"
+            "all_gather in forward and its adjoint, one reduce_scatter, in backward"
+            + (
+                ". Seen: an all-reduce in backward, which sums every rank's slot onto every "
+                "rank, of which it keeps one: (N - 1)/N x 2 of the stacked gradient on the "
+                "wire, twice a reduce-scatter's"
+                if ("all_reduce", "backward") in ops
+                else ""
+            )
         )
         got = mine["records"][0]["received"]
         assert got == world * mine["kv_bytes"], (

@@ -182,10 +182,24 @@ MUTANTS = [
         name="gather_gradient_not_summed",
         why="the gathered keys' gradient taken from this rank's slot only: the other "
         "ranks' queries' share lost",
-        old="        grad = grad.contiguous().clone()\n        dist.all_reduce(grad)\n"
-        "        return grad[dist.get_rank()]\n",
+        old="        mine = torch.empty_like(grad[0]).view(-1)\n"
+        "        dist.reduce_scatter_tensor(mine, grad.contiguous().view(-1))\n"
+        "        return mine.view_as(grad[0])\n",
         new="        return grad[dist.get_rank()].clone()\n",
         caught_by="all_gather_baseline",
+    ),
+    dict(
+        file=RING,
+        name="gather_gradient_all_reduced",
+        why="every slot's sum all-reduced onto every rank, one kept: right numbers, twice "
+        "the bytes of the all-gather's adjoint",
+        old="        mine = torch.empty_like(grad[0]).view(-1)\n"
+        "        dist.reduce_scatter_tensor(mine, grad.contiguous().view(-1))\n"
+        "        return mine.view_as(grad[0])\n",
+        new="        grad = grad.contiguous().clone()\n        dist.all_reduce(grad)\n"
+        "        return grad[dist.get_rank()]\n",
+        caught_by="all_gather_baseline",
+        says=("twice a reduce-scatter's",),
     ),
 ]
 
@@ -264,7 +278,8 @@ ALTERNATIVES = [
         name="the_other_way_round",
         why="The ring turned the other way (keys travel to rank - 1, with "
         "batch_isend_irecv) and keys and values as two messages a hop; the merge with "
-        "the larger log-sum-exp taken out; zig-zag built with a list. Checkpointing: the "
+        "the larger log-sum-exp taken out; zig-zag built with a list; the baseline's "
+        "backward by the list form of reduce-scatter. Checkpointing: the "
         "random state from torch.random, backward through out.backward, and the policy "
         "matched on the operator's packet",
         file=RING,
@@ -312,6 +327,15 @@ ALTERNATIVES = [
                 new="    top = torch.maximum(lse, block_lse)\n"
                 "    a, b = (lse - top).exp(), (block_lse - top).exp()\n"
                 "    return (out * a + block_out * b) / (a + b), top + (a + b).log()\n",
+            ),
+            dict(  # the all-gather's adjoint by the list form of reduce-scatter
+                file=RING,
+                old="        mine = torch.empty_like(grad[0]).view(-1)\n"
+                "        dist.reduce_scatter_tensor(mine, grad.contiguous().view(-1))\n"
+                "        return mine.view_as(grad[0])\n",
+                new="        mine = torch.empty_like(grad[0])\n"
+                "        dist.reduce_scatter(mine, list(grad.contiguous().unbind(0)))\n"
+                "        return mine\n",
             ),
             dict(
                 file=RING,
