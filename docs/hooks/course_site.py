@@ -20,7 +20,8 @@ and it is left alone inside a fenced code block:
     A ``python -m course bandwidth`` record; LIMIT (GB/s per direction, a link's
     rated speed that the page sources) adds the bus bandwidth's share of it. Inline,
     ``[[bandwidth:FOLDER/FILE:NAME]]`` quotes smallest_time, latency_bound or peak_busbw
-    (``course.tools.student.bandwidth.figures``).
+    (``course.tools.student.bandwidth.figures``); ``[[planning:FILE:flops]]`` the float32
+    GEMM rate a ``course plan --measure`` record (docs/results/15_planning/) measured.
 ``<!-- bench-table: docs/results/FOLDER/FILE.json -->``
     A ``python -m course bench`` record: its table, provenance and commands.
 ``<!-- hints: NN -->``

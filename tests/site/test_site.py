@@ -450,6 +450,20 @@ def test_recorded_outputs_facts_todos_and_hints_expand_at_build_time():
             hook.expand(bad + "\n", "page.md")
 
 
+def test_the_planning_rate_quoted_in_prose_comes_from_the_record(tmp_path):
+    """[[planning:FILE:flops]]: the float32 GEMM rate a plan --measure record measured; a
+    record without it is a build error."""
+    folder = tmp_path / "docs" / "results" / "15_planning"
+    folder.mkdir(parents=True)
+    rows = [{"lesson": "03", "skipped": "needs 2 GPUs"}, {"lesson": "01", "flops": 5.106e13}]
+    (folder / "r.json").write_text(json.dumps({"rows": rows}), encoding="utf-8")
+    assert records.render_planning_figure("r", "flops", root=tmp_path) == "51 TFLOP/s"
+    with pytest.raises(hook.PluginError, match="no such figure"):
+        records.render_planning_figure("r", "ratio", root=tmp_path)
+    page = (DOCS / "lessons" / "15_planning.md").read_text(encoding="utf-8")
+    assert "[[planning:1xh100:flops]]" in page
+
+
 def test_bandwidth_figures_quoted_in_prose_come_from_the_records(tmp_path):
     """[[bandwidth:FOLDER/FILE:NAME]]: a figure course.tools.student.bandwidth computes from a
     record; an unknown name or record is a build error, not a blank."""

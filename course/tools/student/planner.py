@@ -51,17 +51,21 @@ MODELS = {
     "course-14": Preset(64, 64, 4, 16, 256, 32, "lesson 14's StagedLM (course/models.py)"),
 }  # fmt: skip
 
-# Rated numbers, not measured here: NVIDIA's datasheets. flops: dense TF32 (float32 matmuls
-# with torch.backends.cuda.matmul.allow_tf32). intra: NVLink 4, 900 GB/s both ways = 450 one
-# way; inter: one 400 Gb/s NIC a GPU = 50 GB/s; latency: a stated 10 us a collective.
+# Rated numbers, not measured here: NVIDIA's datasheets. flops: FP32, the precision the
+# course's program runs (it never enables TF32, and PyTorch's float32 matmuls default to
+# strict FP32): 67 TFLOP/s for the H100 and H200 SXM, 19.5 for the A100. The course's own
+# H100 record measured 51 TFLOP/s on a float32 GEMM (docs/results/15_planning/1xh100.json).
+# intra: NVLink 4, 900 GB/s both ways = 450 one way (NVLink 3: 600 = 300); inter: one
+# 400 Gb/s NIC a GPU = 50 GB/s (200 Gb/s = 25); latency: a stated 10 us a collective.
 GPUS = {
-    "h100-80gb": dict(memory=80 * GB, flops=494e12, gpus_per_node=8, intra=450 * GB,
+    "h100-80gb": dict(memory=80 * GB, flops=67e12, gpus_per_node=8, intra=450 * GB,
                       inter=50 * GB, latency=10e-6),
-    "h200-141gb": dict(memory=141 * GB, flops=494e12, gpus_per_node=8, intra=450 * GB,
+    "h200-141gb": dict(memory=141 * GB, flops=67e12, gpus_per_node=8, intra=450 * GB,
                        inter=50 * GB, latency=10e-6),
-    "a100-80gb": dict(memory=80 * GB, flops=156e12, gpus_per_node=8, intra=300 * GB,
+    "a100-80gb": dict(memory=80 * GB, flops=19.5e12, gpus_per_node=8, intra=300 * GB,
                       inter=25 * GB, latency=10e-6),
 }  # fmt: skip
+RATE = "rated FP32 peak (NVIDIA's datasheet), times --efficiency (stated, not measured)"
 
 
 def powers(most: int) -> list[int]:

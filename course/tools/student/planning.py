@@ -217,7 +217,8 @@ def plan_at_scale(plan, args) -> None:
         rows = planner.rank(plan, model, args.gpus, batch, hw)
     print(textwrap.fill(f"{args.model}: {preset.source}", 88, subsequent_indent="  "))
     print(f"on {args.gpus} x {args.gpu}, {batch} sequences of {preset.seq} a step, float32 + "
-          f"AdamW, {args.efficiency:.0%} of peak FLOP/s")  # fmt: skip
+          f"AdamW; compute at {hw.flops * args.efficiency / 1e12:g} TFLOP/s: "
+          f"{args.efficiency:.0%} of the {planner.RATE.split(', ')[0]}")  # fmt: skip
     if not rows:
         raise ValueError(f"no mesh of {args.gpus} GPUs fits {args.model} in "
                          f"{hw.memory / planner.GB:.0f} GB a GPU")  # fmt: skip

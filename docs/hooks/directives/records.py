@@ -100,7 +100,8 @@ def render_bench_plot(folder: str, root: Path = ROOT) -> str:
 
 # Not inside `code`: a page may show the syntax itself.
 INLINE = re.compile(
-    r"(?<!`)\[\[(?P<kind>fact|todo|bench|tolerance|bandwidth):(?P<a>[\w./-]+):(?P<b>[\w./-]+)\]\](?!`)"
+    r"(?<!`)\[\[(?P<kind>fact|todo|bench|tolerance|bandwidth|planning):(?P<a>[\w./-]+)"
+    r":(?P<b>[\w./-]+)\]\](?!`)"
 )
 
 
@@ -174,6 +175,20 @@ def render_bandwidth_figure(record: str, name: str, root: Path = ROOT) -> str:
     return found[name]
 
 
+def render_planning_figure(record: str, name: str, root: Path = ROOT) -> str:
+    """[[planning:FILE:flops]]: the float32 GEMM rate a `course plan --measure` record
+    (docs/results/15_planning/FILE.json) measured, in TFLOP/s."""
+    path = root / "docs" / "results" / "15_planning" / f"{record}.json"
+    try:
+        rows = json.loads(path.read_text())["rows"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise PluginError(f"[[planning:{record}:{name}]]: cannot read {path}: {exc}") from exc
+    if name != "flops" or not any(name in row for row in rows):
+        raise PluginError(f"[[planning:{record}:{name}]]: no such figure (flops)")
+    rate = next(row[name] for row in rows if name in row)
+    return f"{rate / 1e12:.0f} TFLOP/s"
+
+
 def render_inline(m: re.Match, lang: str = "en") -> str:
     """An inline reference, for a page in `lang` (en, or zh: a Chinese page's words)."""
     kind, a, b = m.group("kind"), m.group("a"), m.group("b")
@@ -183,6 +198,8 @@ def render_inline(m: re.Match, lang: str = "en") -> str:
         return render_bandwidth_figure(a, b)
     if kind == "tolerance":
         return render_tolerance_figure(a, b, lang=lang)
+    if kind == "planning":
+        return render_planning_figure(a, b)
     if kind == "fact":
         facts = read_record(a)["facts"]
         if b not in facts:
