@@ -99,8 +99,10 @@ def _grade(args: list[str]) -> int:
 class Server:
     """A warm grading server for the course at `root` (its tests and grader)."""
 
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
+    def __init__(self, root: str | Path, env: dict[str, str | None] | None = None):
+        """env: variables every grading it runs gets on top of launch's (a GPU box's
+        mutants grade on gloo with CUDA_VISIBLE_DEVICES="": no CUDA start-up per rank)."""
+        self.root, self.env = Path(root), env
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> Server:
@@ -110,7 +112,7 @@ class Server:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 cwd=self.root,
-                env=launch.child_env(course_root=self.root),
+                env=launch.child_env(self.env, course_root=self.root),
                 start_new_session=True,
                 text=True,
             )
@@ -135,7 +137,8 @@ class Server:
     def run(self, command: list[str], *, timeout: float, cwd: str | Path) -> launch.RunResult:
         """`launch.run(command, timeout=timeout, cwd=cwd, course_root=root)`, warm."""
         if self.proc is None or self.proc.poll() is not None:
-            return launch.run(command, timeout=timeout, cwd=cwd, course_root=self.root)
+            return launch.run(command, timeout=timeout, cwd=cwd, env=self.env,
+                              course_root=self.root)  # fmt: skip
         args = _pytest_args(command)
         start, unscaled, timeout = time.monotonic(), timeout, timeout * launch.timeout_scale()
         with tempfile.NamedTemporaryFile(prefix="course-grade-", suffix=".out") as out:

@@ -49,13 +49,21 @@ def apply(tmp_path: Path, file: str, case: dict) -> Path:
 @pytest.fixture(scope="module")
 def grader(course_without_solutions):
     """One warm grading server per test process (course/grader/warm.py): each case is
-    graded by a fresh fork of a Python that imported pytest and torch once."""
-    with warm.Server(course_without_solutions) as server:
+    graded by a fresh fork of a Python that imported pytest and torch once. Mutants grade
+    on gloo: a GPU box's GPUs are hidden from them (each rank would start CUDA for
+    nothing), except for a mutant that needs them (`gpus=N`, graded cold)."""
+    with warm.Server(course_without_solutions, env=CPU_ONLY) as server:
         yield server
 
 
-def grade(grader: warm.Server, number: str, impl: Path, *options: str):
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def grade(grader: warm.Server, number: str, impl: Path, *options: str, gpus: int = 0):
     command = grade_command([number], impl, root=grader.root)
+    if gpus:  # the GPUs visible: not the warm server's environment
+        return launch.run([*command, *options], timeout=300, cwd=grader.root,
+                          course_root=grader.root)  # fmt: skip
     return grader.run([*command, *options], timeout=300, cwd=grader.root)
 
 
@@ -137,7 +145,7 @@ def test_mutant_is_rejected(tmp_path, grader, number, file, case):
     if case.get("gpus", 0) > (visible := _visible_gpus()):
         pytest.skip(f"caught on {case['gpus']} CUDA GPU(s) only; this machine has {visible}")
     impl = apply(tmp_path, file, case)
-    run = grade(grader, number, impl, "-k", case["caught_by"], "-x")
+    run = grade(grader, number, impl, "-k", case["caught_by"], "-x", gpus=case.get("gpus", 0))
     assert not run.timed_out, run.describe()
     assert "passed" in run.output or "failed" in run.output, run.describe()
     assert run.returncode != 0, (
