@@ -100,6 +100,25 @@ def parser():
     return p
 
 
+def score(rows: list[dict]) -> dict | None:
+    """A planner scored as a planner, over the shapes it measured: its error, the largest
+    |predicted / measured - 1|, and its ranking, Kendall's tau between the predicted and
+    the measured step times (1: every pair of shapes in the right order; pairs tied in
+    either count as agreeing by half). None with fewer than two measured shapes."""
+    ran = [r for r in rows if "measured" in r]
+    if len(ran) < 2:
+        return None
+    error = max(abs(r["predicted"]["total"] / r["measured"] - 1) for r in ran)
+    pairs = [(a, b) for i, a in enumerate(ran) for b in ran[i + 1 :]]
+    agree = 0.0
+    for a, b in pairs:
+        said = a["predicted"]["total"] - b["predicted"]["total"]
+        seen = a["measured"] - b["measured"]
+        agree += 0.5 if said == 0 or seen == 0 else float((said > 0) == (seen > 0))
+    tau = 2 * agree / len(pairs) - 1  # (concordant - discordant) / pairs
+    return {"error": error, "tau": tau, "shapes": len(ran)}
+
+
 def render_markdown(doc: dict) -> str:
     """The record as the page's table, in milliseconds: each shape's prediction and its
     terms (compute / tp + pp / dp not hidden / bubble), the measured step and the ratio."""
@@ -119,6 +138,11 @@ def render_markdown(doc: dict) -> str:
         ratio = f"{r['ratio']:.2f}×" if "ratio" in r else ""
         lines.append(f"| {r['lesson']} | {mesh} | {p['total']:.1f} | {terms} | {measured} | "
                      f"{ratio} |")  # fmt: skip
+    if scored := score(doc["rows"]):
+        lines += ["", f"Over the {scored['shapes']} shapes measured: the largest error "
+                      f"|predicted / measured − 1| is {scored['error']:.0%}, and Kendall's τ "
+                      f"between the predicted and the measured order is {scored['tau']:.2f} "
+                      "(1: every pair in the right order)."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -250,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         doc = predict_here(plan, args, argv)
     except NotImplementedError as err:
         raise _unwritten(Path(impl) / "15_planning" / "plan.py", err) from None
+    if scored := score(doc["rows"]):
+        print(f"over {scored['shapes']} shapes: largest |predicted/measured - 1| "
+              f"{scored['error']:.0%}, Kendall's tau {scored['tau']:.2f}")  # fmt: skip
     if args.out:
         from course import atomic
 

@@ -107,3 +107,23 @@ def test_bad_input_is_one_line():
                     "does not split over 3")  # fmt: skip
     _one_line_error(_plan("--model", "nope"), "not a preset")
     _one_line_error(_plan("--model", "course-14", "--gpus", "3"), "no mesh of 3 GPUs")
+
+
+def test_the_planner_is_scored_by_its_error_and_its_ranking():
+    """score(): the largest |predicted / measured - 1| and Kendall's tau over the measured
+    shapes (skipped ones aside): one swapped pair of three gives tau 1/3."""
+    from course.tools.student import planning
+
+    def row(predicted, measured):
+        return {"predicted": {"total": predicted}, "measured": measured}
+
+    rows = [row(1.0, 2.0), row(2.0, 3.0), row(3.0, 2.5), {"skipped": "needs 2 GPUs"}]
+    scored = planning.score(rows)
+    assert scored["shapes"] == 3 and abs(scored["error"] - 0.5) < 1e-12
+    assert abs(scored["tau"] - 1 / 3) < 1e-12  # (2 concordant - 1 discordant) / 3 pairs
+    assert planning.score([row(1.0, 1.0)]) is None
+    table = planning.render_markdown({"rows": [{"lesson": "01", "shape": [1, 1, 1, 1],
+        "predicted": {"total": 1.0, "compute": 1.0, "tp": 0, "pp": 0, "exposed": 0,
+                      "bubble": 0}, "measured": 2.0, "fastest": 2.0, "slowest": 2.0,
+        "ratio": 2.0}] * 2})  # fmt: skip
+    assert "largest error |predicted / measured − 1| is 50%" in table and "τ" in table
