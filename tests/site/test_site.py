@@ -280,6 +280,27 @@ def test_grading_parser_reads_points_docstrings_and_cases(tmp_path):
     assert "| <code>test_<wbr>unscored</code> | Unscored. | 1 | 1 | 1 | CPU |" in table
 
 
+def test_the_grading_table_gives_named_bounds_as_numbers(tmp_path):
+    """A docstring that says "below LEARNED" reads "below 0.5" in the table: each named
+    bound of the module (a tolerance's high or low, or a plain number) as its number."""
+    sample = tmp_path / "test_99_bounds.py"
+    sample.write_text(
+        "import pytest\n"
+        "from course.grader.tolerances import tolerance\n\n"
+        "LEARNED = tolerance('99.learned', high=0.5, test='test_a', what='loss')\n"
+        "GAIN = tolerance('99.gain', low=0.02, test='test_a', what='gain')\n"
+        "RELATIVE = 1e-9\n"
+        "Lower = 3\n\n"
+        "@pytest.mark.points(1)\n"
+        "def test_a():\n"
+        '    """A loss below LEARNED, a gain of at least GAIN, within RELATIVE; LEARNEDS."""\n',
+        encoding="utf-8",
+    )
+    assert grading.bounds(sample) == {"LEARNED": "0.5", "GAIN": "0.02", "RELATIVE": "1e-09"}
+    table = grading.render_grading(sample.name, root=tmp_path)
+    assert "A loss below 0.5, a gain of at least 0.02, within 1e-09; LEARNEDS." in table
+
+
 def test_diff_directive_renders_and_fails_clearly(tmp_path):
     (tmp_path / "a.py").write_text("x = 1\n# --8<-- [start:s]\ny = 2\n", encoding="utf-8")
     (tmp_path / "b.py").write_text("x = 1\ny = 3\n", encoding="utf-8")

@@ -3,8 +3,10 @@ the grader's own rules (course/grader/rules.py)."""
 
 from __future__ import annotations
 
+import ast
 import glob
 import json
+import re
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
@@ -30,6 +32,37 @@ def _breakable(name: str) -> str:
     return "<code>" + name.replace("_", "_<wbr>") + "</code>"
 
 
+def bounds(path: Path) -> dict[str, str]:
+    """A test module's named bounds, as the numbers a reader needs: each top-level
+    `NAME = tolerance(..., high=H)` (or low=L) and `NAME = <number>`, {NAME: "H"}. A
+    docstring says "below LEARNED"; the table says "below 0.5"."""
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)):  # fmt: skip
+            continue
+        name, value = node.targets[0].id, node.value
+        if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "tolerance":
+            given = {k.arg: k.value for k in value.keywords if k.arg in ("high", "low")}
+            value = given.get("high", given.get("low"))
+        try:
+            number = ast.literal_eval(value) if value is not None else None
+        except ValueError:
+            continue
+        if isinstance(number, int | float) and not isinstance(number, bool) and name.isupper():
+            found[name] = _fmt(number)
+    return found
+
+
+def _in_numbers(text: str, named: dict[str, str]) -> str:
+    """`text` with each named bound (a whole upper-case word) replaced by its number."""
+    if not named:
+        return text
+    words = re.compile(r"\b(" + "|".join(map(re.escape, sorted(named, key=len, reverse=True)))
+                       + r")\b")  # fmt: skip
+    return words.sub(lambda m: named[m.group(1)], text)
+
+
 def render_grading(pattern: str, root: Path = ROOT) -> str:
 
     paths = sorted(Path(p) for p in glob.glob(str(root / pattern)))
@@ -37,8 +70,9 @@ def render_grading(pattern: str, root: Path = ROOT) -> str:
         raise PluginError(f"grading: no test file matches {pattern!r}")
     rows, cpu_total, total = [], 0.0, 0.0
     for path in paths:
+        named = bounds(path)
         for t in collect_graded_tests(path):
-            what = " ".join(t.doc.split()) or describe(t.name)
+            what = _in_numbers(" ".join(t.doc.split()), named) or describe(t.name)
             if "core" in t.markers:
                 what += " *(core)*"
             max_points = t.worth * t.total_cases
