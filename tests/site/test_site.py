@@ -27,7 +27,7 @@ pytest.importorskip("mkdocs", reason="the site needs mkdocs (the dev extra insta
 import _sitebuild as sitebuild  # noqa: E402
 
 hook = sitebuild.load_hook()  # puts docs/hooks on sys.path: its directives import
-from directives import common, grading, records, snippets, tolerances  # noqa: E402
+from directives import common, grading, lesson_figures, records, snippets, tolerances  # noqa: E402
 
 pytestmark = pytest.mark.timeout(sitebuild.TEST_TIMEOUT_S)  # a test's fixture may build the site
 
@@ -478,9 +478,9 @@ def test_the_planning_rate_quoted_in_prose_comes_from_the_record(tmp_path):
     folder.mkdir(parents=True)
     rows = [{"lesson": "03", "skipped": "needs 2 GPUs"}, {"lesson": "01", "flops": 5.106e13}]
     (folder / "r.json").write_text(json.dumps({"rows": rows}), encoding="utf-8")
-    assert records.render_planning_figure("r", "flops", root=tmp_path) == "51 TFLOP/s"
+    assert lesson_figures.render_planning_figure("r", "flops", root=tmp_path) == "51 TFLOP/s"
     with pytest.raises(hook.PluginError, match="no such figure"):
-        records.render_planning_figure("r", "ratio", root=tmp_path)
+        lesson_figures.render_planning_figure("r", "ratio", root=tmp_path)
     page = (DOCS / "lessons" / "15_planning.md").read_text(encoding="utf-8")
     assert "[[planning:1xh100:flops]]" in page
 

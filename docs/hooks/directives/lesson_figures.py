@@ -3,6 +3,7 @@ pipeline schedules and bubble, lesson 14's meshes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
@@ -84,3 +85,17 @@ def render_zero_stages(name: str) -> str:
         "the counted figures are that command's, recorded on "
         f"{doc['provenance']['date']} with PyTorch {doc['provenance']['torch']}.\n"
     )
+
+
+def render_planning_figure(record: str, name: str, root: Path = ROOT) -> str:
+    """[[planning:FILE:flops]]: the float32 GEMM rate a `course plan --measure` record
+    (docs/results/15_planning/FILE.json) measured, in TFLOP/s."""
+    path = root / "docs" / "results" / "15_planning" / f"{record}.json"
+    try:
+        rows = json.loads(path.read_text())["rows"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise PluginError(f"[[planning:{record}:{name}]]: cannot read {path}: {exc}") from exc
+    if name != "flops" or not any(name in row for row in rows):
+        raise PluginError(f"[[planning:{record}:{name}]]: no such figure (flops)")
+    rate = next(row[name] for row in rows if name in row)
+    return f"{rate / 1e12:.0f} TFLOP/s"

@@ -1,7 +1,7 @@
 """Measured figures on the pages, each rendered from its JSON record: recorded outputs
 (``<!-- output: -->``, ``[[fact:]]``), result tables, ``course bench`` tables and plots,
-bandwidth tables, the lessons' sizes, and the inline ``[[todo:]]``, ``[[bench:]]`` and
-``[[tolerance:]]`` references."""
+bandwidth tables, the lessons' sizes, and the inline ``[[todo:]]``, ``[[bench:]]``,
+``[[tolerance:]]`` and ``[[planning:]]`` references."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from course.tools.instructor import grading_cost
 from course.tools.student import bandwidth
 from course.tools.student.bench import render
 from directives.common import ROOT, known_figure, lesson_todos, read_record
+from directives.lesson_figures import render_planning_figure
 from directives.tolerances import render_tolerance_figure
 
 
@@ -99,10 +100,8 @@ def render_bench_plot(folder: str, root: Path = ROOT) -> str:
 
 
 # Not inside `code`: a page may show the syntax itself.
-INLINE = re.compile(
-    r"(?<!`)\[\[(?P<kind>fact|todo|bench|tolerance|bandwidth|planning):(?P<a>[\w./-]+)"
-    r":(?P<b>[\w./-]+)\]\](?!`)"
-)
+KINDS = "fact|todo|bench|tolerance|bandwidth|planning"
+INLINE = re.compile(rf"(?<!`)\[\[(?P<kind>{KINDS}):(?P<a>[\w./-]+):(?P<b>[\w./-]+)\]\](?!`)")
 
 
 def render_output(name: str) -> str:
@@ -173,20 +172,6 @@ def render_bandwidth_figure(record: str, name: str, root: Path = ROOT) -> str:
     if name not in found:
         raise PluginError(f"[[bandwidth:{record}:{name}]]: no such figure ({sorted(found)})")
     return found[name]
-
-
-def render_planning_figure(record: str, name: str, root: Path = ROOT) -> str:
-    """[[planning:FILE:flops]]: the float32 GEMM rate a `course plan --measure` record
-    (docs/results/15_planning/FILE.json) measured, in TFLOP/s."""
-    path = root / "docs" / "results" / "15_planning" / f"{record}.json"
-    try:
-        rows = json.loads(path.read_text())["rows"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise PluginError(f"[[planning:{record}:{name}]]: cannot read {path}: {exc}") from exc
-    if name != "flops" or not any(name in row for row in rows):
-        raise PluginError(f"[[planning:{record}:{name}]]: no such figure (flops)")
-    rate = next(row[name] for row in rows if name in row)
-    return f"{rate / 1e12:.0f} TFLOP/s"
 
 
 def render_inline(m: re.Match, lang: str = "en") -> str:
