@@ -8,6 +8,11 @@ can build tells the two apart. Kept here with the mutants: they name the referen
 """
 
 EQUIVALENT: dict[str, dict[str, str]] = {
+    "14": {
+        "compose.py:per = len(model.blocks) // stages -> per = len(model.blocks) / stages":
+        "stage_of cuts the same number of blocks on every stage, and compose.py refuses a depth "
+        "the stages do not divide: the quotient is exact, and its float bounds compare the same",
+    },
     "15": {
         "plan.py:max(0, min(p, s[0] - dp_rank * p)) * math.prod(s[1:]) * FLOAT -> "
         "max(0, min(s[0] - dp_rank * p, p)) * math.prod(s[1:]) * FLOAT":
