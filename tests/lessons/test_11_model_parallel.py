@@ -535,7 +535,9 @@ def test_the_split_mlp_computes_what_the_whole_block_computes(impl, tmp_path_fac
 @pytest.mark.points(2)
 def test_one_all_reduce_in_forward_and_one_in_backward(impl, tmp_path_factory):
     """Recorded by the grader below torch.distributed's API: the split block's forward
-    makes one collective (g's all-reduce) and its backward one (f's), on each rank."""
+    makes one collective (g's all-reduce) and its backward one (f's), on each rank; and
+    f's backward leaves the gradient it is given unchanged (autograd may hand the same
+    tensor to another input)."""
     found, _ = _tp(impl, tmp_path_factory, "by_hand")
     for rank in range(m.TP_WORLD):
         calls = found[str(rank)]["calls"]
@@ -546,6 +548,13 @@ def test_one_all_reduce_in_forward_and_one_in_backward(impl, tmp_path_factory):
             "makes one in each forward (g) and one in backward (f). Likely causes: the sum "
             "done in backward too (g's backward is the identity), f's backward without "
             "its all-reduce, or the weights gathered whole"
+        )
+        kept = found[str(rank)].get("shared_gradient_kept")
+        assert kept is not False, (
+            f"rank {rank}: CopyToRanks' backward changed the gradient it was given: in "
+            "((v * 1 + f(x)) * w).sum().backward(), v's gradient is no longer w. Likely cause: the "
+            "all-reduce done in place on `grad`, which autograd also handed to v (clone it "
+            "first)"
         )
 
 

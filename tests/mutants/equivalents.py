@@ -8,6 +8,17 @@ can build tells the two apart. Kept here with the mutants: they name the referen
 """
 
 EQUIVALENT: dict[str, dict[str, str]] = {
+    "11": {
+        "pipeline.py:saved.append(forward_step(pipe, inputs[i], targets[i], m)) -> "
+        "saved.append(forward_step(pipe, inputs[i], m, targets[i]))":
+        "the first such line is 1F1B's warm-up, which runs only on stages before the last "
+        "(warmup = world - rank - 1 is 0 there), where forward_step uses neither the targets "
+        "nor the micro-batch count",
+        "tensor.py:self.down_bias = nn.Parameter(down.bias.detach().clone()) -> "
+        "self.down_bias = nn.Parameter(down.bias.detach())":
+        "down's bias is whole on every rank: without the clone it shares the split block's "
+        "own bias storage, of the same size, which nothing uses after the split",
+    },
     "14": {
         "compose.py:per = len(model.blocks) // stages -> per = len(model.blocks) / stages":
         "stage_of cuts the same number of blocks on every stage, and compose.py refuses a depth "

@@ -202,6 +202,17 @@ MUTANTS += [
         says=("up's output gathered whole",),
     ),
     dict(
+        file=TENSOR,
+        name="f_reduces_the_given_gradient_in_place",
+        why="f's backward all-reduces the gradient autograd handed it, in place: a tensor "
+        "autograd may have handed another input too",
+        old="        grad = grad.clone()  # autograd may hand the same tensor to others: do not "
+        "change it\n",
+        new="",
+        caught_by="one_all_reduce_in_forward_and_one_in_backward",
+        says=("which autograd also handed to v",),
+    ),
+    dict(
         file=FILE,
         name="bubble_theory_without_its_numerator",
         why="the printed theory 1/(m+p-1): right only at 2 stages, where p - 1 = 1",

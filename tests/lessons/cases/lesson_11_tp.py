@@ -40,6 +40,21 @@ def held_values(module) -> int:
     return sum(storages.values())
 
 
+def _shared_gradient_kept(lesson) -> bool | None:
+    """f's backward handed a gradient autograd also hands elsewhere: (v * 1) + f(x), so the
+    sum's backward gives both paths one tensor, and f's (made later) runs first. Is v's
+    gradient still w, or did f's all-reduce change that tensor in place? None where the
+    lesson has no CopyToRanks."""
+    f = getattr(lesson, "CopyToRanks", None)
+    if f is None:
+        return None
+    x = torch.ones(4, requires_grad=True)
+    v = torch.zeros(4, requires_grad=True)
+    w = torch.arange(1.0, 5.0)
+    ((v * 1.0 + f.apply(x)) * w).sum().backward()
+    return bool(torch.equal(v.grad, w))
+
+
 def _rank(rank, world, port, out, lesson_file, how):
     from course import ranks
     from course.grader import submission
@@ -73,6 +88,8 @@ def _rank(rank, world, port, out, lesson_file, how):
         tensors = {"output": output.detach(), "input_grad": x.grad, "again": again}
         torch.save(tensors, Path(out) / f"rank{rank}.pt")
         found = {"calls": log, "held": held}
+        if how == "by_hand":
+            found["shared_gradient_kept"] = _shared_gradient_kept(lesson)
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(found))
         dist.barrier()
     finally:
