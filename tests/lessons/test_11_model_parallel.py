@@ -536,8 +536,8 @@ def test_the_split_mlp_computes_what_the_whole_block_computes(impl, tmp_path_fac
 def test_one_all_reduce_in_forward_and_one_in_backward(impl, tmp_path_factory):
     """Recorded by the grader below torch.distributed's API: the split block's forward
     makes one collective (g's all-reduce) and its backward one (f's), on each rank; and
-    f's backward leaves the gradient it is given unchanged (autograd may hand the same
-    tensor to another input)."""
+    g's forward leaves its input unchanged, and f's backward the gradient it is given
+    (autograd may hand the same tensor to another input)."""
     found, _ = _tp(impl, tmp_path_factory, "by_hand")
     for rank in range(m.TP_WORLD):
         calls = found[str(rank)]["calls"]
@@ -548,6 +548,11 @@ def test_one_all_reduce_in_forward_and_one_in_backward(impl, tmp_path_factory):
             "makes one in each forward (g) and one in backward (f). Likely causes: the sum "
             "done in backward too (g's backward is the identity), f's backward without "
             "its all-reduce, or the weights gathered whole"
+        )
+        assert found[str(rank)].get("input_kept") is not False, (
+            f"rank {rank}: SumOverRanks' forward changed the tensor it was given (its caller "
+            "may still use it). Likely cause: the all-reduce done in place on `partial` "
+            "(clone it first)"
         )
         kept = found[str(rank)].get("shared_gradient_kept")
         assert kept is not False, (

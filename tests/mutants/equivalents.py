@@ -14,6 +14,12 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "the first such line is 1F1B's warm-up, which runs only on stages before the last "
         "(warmup = world - rank - 1 is 0 there), where forward_step uses neither the targets "
         "nor the micro-batch count",
+        "tensor.py:self.up_bias = nn.Parameter(up.bias.detach().chunk(world, 0)[rank].clone()) "
+        "-> self.up_bias = nn.Parameter(up.bias.detach().chunk(world, -1)[rank].clone())":
+        "a bias is one-dimensional: its dimension 0 is its dimension -1",
+        "pipeline.py:warmup, saved = min(pipe.world - pipe.rank - 1, m), deque() -> "
+        "warmup, saved = min(m, pipe.world - pipe.rank - 1), deque()":
+        "min is symmetric: the same value whichever argument comes first",
         "tensor.py:self.down_bias = nn.Parameter(down.bias.detach().clone()) -> "
         "self.down_bias = nn.Parameter(down.bias.detach())":
         "down's bias is whole on every rank: without the clone it shares the split block's "

@@ -213,6 +213,15 @@ MUTANTS += [
         says=("which autograd also handed to v",),
     ),
     dict(
+        file=TENSOR,
+        name="g_sums_its_input_in_place",
+        why="g's forward all-reduces the tensor it is given, in place: its caller's tensor",
+        old="        total = partial.clone()\n",
+        new="        total = partial\n",
+        caught_by="one_all_reduce_in_forward_and_one_in_backward",
+        says=("SumOverRanks' forward changed the tensor it was given",),
+    ),
+    dict(
         file=FILE,
         name="bubble_theory_without_its_numerator",
         why="the printed theory 1/(m+p-1): right only at 2 stages, where p - 1 = 1",

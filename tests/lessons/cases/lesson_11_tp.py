@@ -55,6 +55,17 @@ def _shared_gradient_kept(lesson) -> bool | None:
     return bool(torch.equal(v.grad, w))
 
 
+def _input_kept(lesson) -> bool | None:
+    """g's forward given a tensor its caller keeps using: is it unchanged after the sum, or
+    did g all-reduce it in place? None where the lesson has no SumOverRanks."""
+    g = getattr(lesson, "SumOverRanks", None)
+    if g is None:
+        return None
+    partial = torch.arange(1.0, 5.0)
+    g.apply(partial)
+    return bool(torch.equal(partial, torch.arange(1.0, 5.0)))
+
+
 def _rank(rank, world, port, out, lesson_file, how):
     from course import ranks
     from course.grader import submission
@@ -90,6 +101,7 @@ def _rank(rank, world, port, out, lesson_file, how):
         found = {"calls": log, "held": held}
         if how == "by_hand":
             found["shared_gradient_kept"] = _shared_gradient_kept(lesson)
+            found["input_kept"] = _input_kept(lesson)
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(found))
         dist.barrier()
     finally:
