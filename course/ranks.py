@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import time
+import warnings
 from datetime import timedelta
 
 # Imported before any process group exists, on purpose. PyTorch's torch._dynamo, which the
@@ -22,6 +23,11 @@ from datetime import timedelta
 # lesson 10's fsdp.py, and in the course's CI in lessons 03, 07 and 10 under load).
 # Imported here, before a lesson joins a group, it holds none.
 import torch._dynamo  # noqa: F401, E402
+
+# PyTorch 2.14 renamed the *_tensor collectives (reduce_scatter_tensor, all_gather_into_tensor:
+# *_single); 2.8, the course container's, has only the old names: the lessons keep them,
+# without 2.14's FutureWarning on every call.
+warnings.filterwarnings("ignore", r"`torch\.distributed\.\w+_tensor` is deprecated", FutureWarning)
 
 
 def say(*lines: str) -> None:
