@@ -31,7 +31,7 @@ from course.grader.rules import lesson_of
 # COURSE_TIMEOUT_SCALE. A hanging import therefore fails its tests in about 30 s, where
 # each test used to wait out its own deadline (217 s for lesson 03). The files of a lesson
 # of several are imported at once, each in its own child.
-IMPORT_DEADLINE_S = 30
+IMPORT_DEADLINE_S = 30  # `pytest --import-deadline S` gives another
 _IMPORT = """
 import importlib.util, os, sys
 path = sys.argv[1]
@@ -44,8 +44,9 @@ spec.loader.exec_module(module)
 _RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b:?.*)$")
 
 
-def check(number: str, path: Path) -> str | None:
-    """The one line that says why `path` cannot be imported, or None when it imports."""
+def check(number: str, path: Path, deadline: float = IMPORT_DEADLINE_S) -> str | None:
+    """The one line that says why `path` cannot be imported within `deadline` seconds
+    (scaled), or None when it imports."""
     try:
         submission.check_script(path)  # parses only, runs nothing
     except submission.LessonError as err:
@@ -53,7 +54,7 @@ def check(number: str, path: Path) -> str | None:
     # A new process (warm-started where it can be: course/launch/warm/), never a fork of
     # the grader: the submission's code must not run where the grader's memory is.
     with tempfile.TemporaryDirectory(prefix="course-import-") as folder:
-        result = launch.python("-c", _IMPORT, path, timeout=IMPORT_DEADLINE_S, cwd=folder)
+        result = launch.python("-c", _IMPORT, path, timeout=deadline, cwd=folder)
     name = f"lesson {number}'s {path.name}"
     if result.timed_out:
         return (
@@ -78,14 +79,15 @@ class ImportCheck:
     (tests/course/grader/test_integrity.py) would otherwise kill the grader while the test's own
     launches still start, and those, orphaned, would be handed to the process above."""
 
-    def __init__(self, number: str, paths: list[Path]):
+    def __init__(self, number: str, paths: list[Path], deadline: float = IMPORT_DEADLINE_S):
         self.number, self.main = number, paths[0]
         present = [p for p in paths if p.is_file()]  # a missing one: its tests say so
         if launch.can_fork() or len(present) < 2:  # forks are cheap: one after another
-            found = [check(number, p) for p in present]
+            found = [check(number, p, deadline) for p in present]
         else:
             with ThreadPoolExecutor(max_workers=len(present)) as pool:
-                found = list(pool.map(functools.partial(check, number), present))
+                found = list(pool.map(functools.partial(check, number, deadline=deadline),
+                                      present))  # fmt: skip
         self.broken = {str(p): why for p, why in zip(present, found, strict=True) if why}
         # The Cancel of the tests that read only the main file (most lessons: every test).
         self.cancel = self.cancel_for([])
@@ -120,7 +122,8 @@ def import_check_for(item) -> ImportCheck | None:
         if not path.is_file():
             return None  # the tests say so in their own words
         files = [path, *(path.with_name(e) for e in lesson.exercises if e != lesson.script)]
-        _import_checks[number] = ImportCheck(number, files)
+        deadline = item.config.getoption("import_deadline", IMPORT_DEADLINE_S)
+        _import_checks[number] = ImportCheck(number, files, deadline)
     return _import_checks[number]
 
 

@@ -28,7 +28,7 @@ import pytest
 from course import launch, registry
 from course.grader import draws, launches, rules
 from course.grader.gradebook import GradeBook
-from course.grader.imports import exercises_of, import_check_for
+from course.grader.imports import IMPORT_DEADLINE_S, exercises_of, import_check_for
 from course.grader.rules import LESSON_PROPERTY, MARKERS_PROPERTY, POINTS_PROPERTY, lesson_of
 
 # The fixtures and markers of the lesson tests (impl, backend, launcher, run_script).
@@ -44,6 +44,14 @@ def pytest_addoption(parser):
         "(the reference, the default for the test suite) or a folder laid out like lessons/",
     )
     group.addoption("--grade-json", default=None, metavar="PATH", help="write results.json here")
+    group.addoption(
+        "--import-deadline",
+        type=float,
+        default=IMPORT_DEADLINE_S,
+        metavar="SECONDS",
+        help="how long importing one lesson file may take before its tests fail without "
+        f"running (default {IMPORT_DEADLINE_S} s; stretched by COURSE_TIMEOUT_SCALE)",
+    )
 
 
 def pytest_configure(config):
