@@ -22,6 +22,11 @@ Counted on the rank (bytes): its parameters, gradients and AdamW state (the loca
 the activations autograd keeps at the forward's high-water mark (course.memory's meter,
 FSDP's gathered weights not counted: they are parameters), and every collective by mesh
 axis and kind (the grading kit's recorder), summed over one step.
+
+And the rank's whole peak (`tracked_peak`): every tensor alive at the step's worst moment,
+FSDP's gathered weights and whole gradients, the loss and the backward's temporaries
+included, as torch's own MemTracker (torch.distributed._tools.mem_tracker) sees it, the
+tracker torchtitan's scripts/estimate/estimation.py uses.
 """
 
 from __future__ import annotations
@@ -222,3 +227,34 @@ def count(config: Config) -> dict:
         calls[key] += 1
     return {"stage": stage, "blocks": sorted(int(k) for k in model.blocks), "held": held,
             "traffic": dict(traffic), "calls": dict(calls), "groups": groups}  # fmt: skip
+
+
+def tracked_peak(config: Config) -> dict[str, int]:
+    """Bytes alive at this rank's peak over its second step (the first has no AdamW state
+    yet), by torch's MemTracker category ("Parameter", "Gradient", "Activation", "Temp",
+    "Optstate"...) and "Total". One fake world a process: the tracker's DTensor dispatch
+    keeps the first world's groups."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (config.pp, config.dp, config.tp), mesh_dim_names=AXES)
+    model = build(config, mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+
+    class EachForward:  # MemTracker refuses a root module called twice in one step
+        def __call__(self, x):
+            tracker.reset_mod_stats()  # its per-module figures only: the peak stays
+            return model(x)
+
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+    with tracker:
+        for _ in range(2):
+            step(config, EachForward(), mesh)
+            optimizer.step()
+            optimizer.zero_grad()
+    (snapshot,) = tracker.get_tracker_snapshot("peak").values()
+    return {getattr(k, "value", k): v for k, v in snapshot.items()}

@@ -247,11 +247,11 @@ def plan_at_scale(plan, args) -> None:
         raise ValueError(f"no mesh of {args.gpus} GPUs fits {args.model} in "
                          f"{hw.memory / planner.GB:.0f} GB a GPU")  # fmt: skip
     if args.mesh:
-        fits = "fits" if rows[0]["memory"] <= hw.memory else "does not fit"
-        print(f"the mesh asked for {fits} (seconds a step; GB: the fullest rank):")
+        fits = "fits" if planner.fits(rows[0]["memory"], hw) else "does not fit"
+        print(f"the mesh asked for {fits} (seconds a step; {planner.fit_rule(hw)}):")
     else:
         print(f"{len(rows)} meshes fit; the {min(args.top, len(rows))} fastest (seconds a "
-              "step; GB: the fullest rank):")  # fmt: skip
+              f"step; {planner.fit_rule(hw)}):")  # fmt: skip
     print(planner.table(rows, args.top))
     if args.check:
         if args.check > len(rows):

@@ -184,7 +184,7 @@ def render_inline(m: re.Match, lang: str = "en") -> str:
     if kind == "tolerance":
         return render_tolerance_figure(a, b, lang=lang)
     if kind == "planning":
-        return render_planning_figure(a, b)
+        return render_planning_figure(a, b, lang=lang)
     if kind == "fact":
         facts = read_record(a)["facts"]
         if b not in facts:
