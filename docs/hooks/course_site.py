@@ -264,7 +264,16 @@ MERMAID_SCRIPTS = re.compile(
 )
 
 
+# Material's language switcher fetches `sitemap.xml` relative to each <link rel=alternate>
+# in the head, expecting them to be the languages' roots; mkdocs-static-i18n writes them per
+# page, so each page asked for PAGE/sitemap.xml and got two 404s. The head's links go: the
+# switcher's own links (per page, in the header) still lead to the twin page, and
+# assets/javascripts/language-switch.js keeps the reader's section.
+ALTERNATE_LINKS = re.compile(r'\s*<link rel="alternate" href="[^"]*" hreflang="[^"]*">')
+
+
 def on_post_page(output, page, config):
+    output = ALTERNATE_LINKS.sub("", output)
     if 'class="mermaid' in output:
         return output
     return MERMAID_SCRIPTS.sub("", output)

@@ -17,7 +17,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from urllib.parse import urljoin, urlparse
+from urllib.parse import urlparse
 
 import pytest
 
@@ -173,6 +173,7 @@ class Offline:
     def __init__(self, browser, scheme: str, width: int = 1280, open_roots: bool = True):
         self.blocked: list[str] = []
         self.errors: list[str] = []
+        self.missing: list[str] = []  # the site's own requests answered 404 (or another 4xx)
         self.context = browser.new_context(
             viewport={"width": width, "height": 900 if width > 600 else 844},
             color_scheme=scheme,
@@ -190,9 +191,14 @@ class Offline:
             self.blocked.append(url)
             route.abort("internetdisconnected")
 
+    def _answered(self, response):
+        if response.status >= 400:
+            self.missing.append(f"{response.status} {response.url}")
+
     def page(self):
         page = self.context.new_page()
         page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        page.on("response", self._answered)
         # Keyed by the request itself, not its URL: a page may ask for one URL twice.
         self.pending: dict[object, float] = {}  # request -> when it started
         page.on("request", lambda r: self.pending.setdefault(r, time.monotonic()))
@@ -252,6 +258,7 @@ class Offline:
     def assert_offline(self):
         assert not self.blocked, f"the site tried to reach the network: {self.blocked}"
         assert not self.errors, f"JavaScript errors: {self.errors}"
+        assert not self.missing, f"the site asked for what it does not have: {self.missing}"
 
     def close(self):
         self.context.close()
@@ -472,10 +479,19 @@ def test_a_chinese_lesson_page_has_tabs_diagrams_and_a_way_back(offline, base_ur
         assert not wide, f"{len(wide)} code blocks or tables scroll sideways: {wide[:4]}"
     page.evaluate("window.scrollTo(0, 0)")
     artifacts.shot(page, f"zh-lesson-14-{offline.scheme}.png", settle_ms=400)
-    english = page.locator("a[hreflang='en']").first.get_attribute("href")
-    page.goto(urljoin(page.url, english))
-    assert page.url.endswith("/lessons/14_composing/") and "/zh/" not in page.url, page.url
+    # The language switch, from the middle of the page: the twin page, at the same section.
+    section = page.locator(".md-content h2[id], .md-content h3[id]").nth(3)
+    anchor = section.get_attribute("id")
+    # The reader has scrolled until that heading sits just under the header (60 px down).
+    section.evaluate("h => window.scrollBy(0, h.getBoundingClientRect().top - 60)")
+    with page.expect_navigation():
+        page.locator("a.md-select__link[hreflang='en']").first.dispatch_event("click")
+    assert page.url.endswith(f"/lessons/14_composing/#{anchor}") and "/zh/" not in page.url, (
+        f"expected the English lesson 14 at #{anchor}; got {page.url}"
+    )
     assert page.locator("html").get_attribute("lang") == "en"
+    top = page.locator(f"[id='{anchor}']").bounding_box()["y"]
+    assert abs(top) < 200, f"the English page opened {top:.0f} px from #{anchor}"
     offline.assert_offline()
 
 
