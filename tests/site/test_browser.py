@@ -356,7 +356,7 @@ def test_lesson_page_on_a_phone_keeps_outputs_aligned_and_diagrams_legible(
     """At 390 px: no printed output wraps a line (aligned columns scroll instead), every
     diagram's smallest text is drawn at 12 px or more (a wide diagram scrolls), a table
     wider than the screen keeps its first column in view when scrolled, and each output's
-    provenance is one folded line."""
+    provenance is one folded line, and every plot keeps its width in a box that scrolls."""
     page = phone.page()
     page.goto(base_url + f"lessons/{lesson}/")
     folded = page.evaluate(PROVENANCE)
@@ -372,6 +372,13 @@ def test_lesson_page_on_a_phone_keeps_outputs_aligned_and_diagrams_legible(
     assert not small, f"at {PHONE_PX} px, text smaller than {MIN_DIAGRAM_TEXT_PX} px: {small}"
     lost = page.evaluate(FIRST_COLUMN_AFTER_SCROLL)
     assert not lost, f"scrolled sideways, these tables lose their first column: {lost}"
+    # Every plot keeps its legible width in a box that scrolls, none shrinks to the column.
+    shrunk = page.evaluate(
+        """() => [...document.querySelectorAll('img.course-plot')]
+                 .filter(img => !img.closest('.course-figure') || img.clientWidth < 700)
+                 .map(img => `${img.alt}: ${img.clientWidth} px`)"""
+    )
+    assert not shrunk, f"at {PHONE_PX} px these plots shrink to the column: {shrunk}"
     page.evaluate("window.scrollTo(0, 0)")
     artifacts.shot(page, f"lesson-{lesson[:2]}-phone.png", full_page=True)
     phone.assert_offline()
