@@ -28,7 +28,8 @@ environment for what torch reads when imported (thread counts, TORCH_*, PYTHON*,
 LD_*, the PYTHONPATH), other interpreter flags, -W or -X options, a program read from
 stdin. Not the same as a fresh interpreter, and accepted: the hash seed of str is the
 zygote's in every child (PYTHONHASHSEED set by the caller is honoured, cold).
-Off where GPUs are present (CUDA must never be forked mid-state), with
+Off where GPUs are present and visible (CUDA must never be forked mid-state; with
+CUDA_VISIBLE_DEVICES="" a GPU box starts warm: protocol.allowed), with
 COURSE_CHILD_USER (children switch user), and with COURSE_WARM_START=0. Also what a
 warm child cannot hide: /proc/PID/cmdline shows the zygote's command, and a stack dump
 (faulthandler, py-spy) shows the zygote's frames under the program's, so `course spy`

@@ -42,13 +42,21 @@ def key(env) -> dict[str, str]:
     }
 
 
-def allowed(env=os.environ) -> bool:
+def allowed(env=os.environ, gpus_present: bool | None = None) -> bool:
+    """Whether processes with environment `env` may start warm. Not where a GPU is
+    present and visible to them: a zygote whose imports touched the driver must never be
+    forked. With CUDA_VISIBLE_DEVICES="" (or -1: every grading of a mutant, every CPU
+    recording) no process of the launch can reach a GPU, and on a GPU box they start warm
+    as on a laptop. Cold, each pays 3 s or more of imports: a grading of lesson 09's hang
+    exercise took 50 s cold and 18 s warm (2 cores, 2026-12-07)."""
+    if gpus_present is None:
+        gpus_present = os.path.exists("/dev/nvidiactl")
     return (
         sys.platform.startswith("linux")
         and hasattr(socket, "send_fds")
         and env.get(SWITCH_ENV, "1") != "0"
         and not env.get("COURSE_CHILD_USER")
-        and not os.path.exists("/dev/nvidiactl")
+        and (not gpus_present or env.get("CUDA_VISIBLE_DEVICES") in ("", "-1"))
     )
 
 

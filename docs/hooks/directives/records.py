@@ -290,8 +290,6 @@ def render_timeline(path: str, root: Path = ROOT) -> str:
     svg = base64.b64encode(timeline.render(doc, fmt="svg")).decode()
     stats, prov = doc["overlap"], doc["provenance"]
     return (
-        # Inside .course-figure, as every figure: on a phone it keeps a legible width and
-        # scrolls (course.css), where it once shrank to 3.7 px text.
         f'<div class="course-figure"><img class="course-plot" alt="backward and all-reduce '
         f'timeline" src="data:image/svg+xml;base64,{svg}"></div>\n\n'
         f"*{stats['all_reduces']} all-reduces, {stats['all_reduce_ms']} ms in all, "
