@@ -240,18 +240,21 @@ def plan_at_scale(plan, args) -> None:
     else:
         rows = planner.rank(plan, model, args.gpus, batch, hw)
     print(textwrap.fill(f"{args.model}: {preset.source}", 88, subsequent_indent="  "))
+    # Lines of at most 100 characters: a page's output block shows 100 at 1280 px.
     print(f"on {args.gpus} x {args.gpu}, {batch} sequences of {preset.seq} a step, float32 + "
-          f"AdamW; compute at {hw.flops * args.efficiency / 1e12:g} TFLOP/s: "
-          f"{args.efficiency:.0%} of the {planner.RATE.split(', ')[0]}")  # fmt: skip
+          "AdamW")  # fmt: skip
+    print(f"compute at {hw.flops * args.efficiency / 1e12:g} TFLOP/s: {args.efficiency:.0%} of "
+          f"the {planner.RATE.split(', ')[0]}")  # fmt: skip
     if not rows:
         raise ValueError(f"no mesh of {args.gpus} GPUs fits {args.model} in "
                          f"{hw.memory / planner.GB:.0f} GB a GPU")  # fmt: skip
     if args.mesh:
         fits = "fits" if planner.fits(rows[0]["memory"], hw) else "does not fit"
-        print(f"the mesh asked for {fits} (seconds a step; {planner.fit_rule(hw)}):")
+        print(f"the mesh asked for {fits}, in seconds a step;")
     else:
-        print(f"{len(rows)} meshes fit; the {min(args.top, len(rows))} fastest (seconds a "
-              f"step; {planner.fit_rule(hw)}):")  # fmt: skip
+        print(f"{len(rows)} meshes fit; the {min(args.top, len(rows))} fastest, in seconds a "
+              "step;")  # fmt: skip
+    print(f"{planner.fit_rule(hw)}:")
     print(planner.table(rows, args.top))
     if args.check:
         if args.check > len(rows):
