@@ -504,19 +504,27 @@ def test_a_chinese_lesson_page_has_tabs_diagrams_and_a_way_back(offline, base_ur
 
 @pytest.mark.parametrize("offline", ["light"], indirect=True)
 def test_search_finds_a_chinese_page_by_a_chinese_word(offline, base_url, artifacts):
-    """jieba cut the Chinese pages into words at build time, so a Chinese word typed into
-    the search box finds the Chinese lesson that uses it."""
+    """On /zh/ the search box searches the Chinese pages (their own index, jieba-cut at
+    build time): each of three terms, Chinese words and one the English lessons also
+    use, lists Chinese pages only, a Chinese lesson among them."""
     page = offline.page()
     page.goto(base_url + "zh/")
-    page.locator("input.md-search__input").click()
-    page.keyboard.type("流水线", delay=20)
-    # Chinese characters arrive as text input, with no key released; Material reads the query
-    # on keyup, as when a reader's input method commits the word with a key.
-    page.keyboard.press("End")
-    hit = page.locator(".md-search-result__item a[href*='zh/lessons/1']")
-    hit.first.wait_for(state="visible")
-    assert "流水线" in page.locator(".md-search-result").inner_text()
-    artifacts.shot(page, "zh-search.png")
+    for term in ("流水线", "微批次", "ring attention"):
+        box = page.locator("input.md-search__input")
+        box.click()
+        box.fill("")
+        page.keyboard.type(term, delay=20)
+        # Chinese characters arrive as text input, with no key released; Material reads the
+        # query on keyup, as when a reader's input method commits the word with a key.
+        page.keyboard.press("End")
+        hit = page.locator(".md-search-result__item a[href*='zh/lessons/1']")
+        hit.first.wait_for(state="visible")
+        links = page.locator(".md-search-result__item > a").evaluate_all(
+            "links => links.map(a => a.href)"
+        )
+        assert links and all("/zh/" in link for link in links), (term, links[:8])
+        artifacts.shot(page, f"zh-search-{len(term)}.png")
+        page.keyboard.press("Escape")
     offline.assert_offline()
 
 
@@ -531,6 +539,8 @@ def test_search_finds_a_lesson_by_a_word_from_its_text(offline, base_url, artifa
     hit = page.locator(".md-search-result__item a[href*='lessons/00_environment']")
     hit.first.wait_for(state="visible")
     assert re.search(r"environment", hit.first.inner_text(), re.I)
+    links = page.locator(".md-search-result__item > a").evaluate_all("a => a.map(x => x.href)")
+    assert links and not any("/zh/" in link for link in links), links[:8]  # English only
     artifacts.shot(page, "search.png")
     offline.assert_offline()
 

@@ -11,8 +11,9 @@ bound, a loss, an accuracy or an expert's load within the band measured for its 
 Another processor picks other CPU kernels whatever the pins. So records of every kind of
 figure kernels can move (ELSEWHERE) are also run with the `default` kernels
 (record.OTHER_KERNELS), which any x86-64 processor has: on the records' own processor they
-print what an Intel Xeon printed, and they must stay within the bands between kernels. Either way a changed line, step count,
-byte count or model fails. Re-record with `python -m course record`.
+print what an Intel Xeon printed, and they must stay within the bands between kernels.
+Either way a changed line, step count, byte count or model fails. Re-record with
+`python -m course record`.
 """
 
 from __future__ import annotations

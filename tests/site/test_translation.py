@@ -313,11 +313,15 @@ def test_the_chinese_site_is_built_beside_the_english(site):
     assert '<html lang="zh"' in html and "简体中文" in html and "English" in html
     assert 'hreflang="en"' in html or 'href="../../../lessons/03_ddp_spawn/"' in html
     assert "dist.init_process_group" in html  # the code is the English page's
-    index = json.loads((site.path / "search" / "search_index.json").read_text("utf-8"))
+    # One index a language (docs/hooks/search_languages.py): the Chinese pages' under /zh/.
+    index = json.loads((site.path / "zh" / "search" / "search_index.json").read_text("utf-8"))
+    english = json.loads((site.path / "search" / "search_index.json").read_text("utf-8"))
     assert "\\u200b" in index["config"]["separator"]
-    zh_docs = [d for d in index["docs"] if d["location"].startswith("zh/")]
+    zh_docs = index["docs"]
+    assert not any(d["location"].startswith("zh/") for d in english["docs"] + zh_docs)
+    assert len(english["docs"]) > 100 and len(zh_docs) > 100
     segmented = re.compile("[\u4e00-\u9fff]\u200b[\u4e00-\u9fff]")
-    assert zh_docs and any(segmented.search(d["text"]) for d in zh_docs), (
+    assert any(segmented.search(d["text"]) for d in zh_docs), (
         "Chinese text is not segmented into words (is jieba installed?)"
     )
     # jieba knows the glossary's terms (the hook gives it them): each is one search word.

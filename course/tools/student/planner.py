@@ -87,8 +87,10 @@ def fits(memory: float, hw) -> bool:
 
 
 def fit_rule(hw) -> str:
-    return (f"GB: the fullest rank's peak; a mesh fits when GB + {HEADROOM_SHARE:.0%} + "
-            f"{HEADROOM_GB} GB of headroom <= {hw.memory / GB:.0f}")
+    return (
+        f"GB: the fullest rank's peak; a mesh fits when GB + {HEADROOM_SHARE:.0%} + "
+        f"{HEADROOM_GB} GB of headroom <= {hw.memory / GB:.0f}"
+    )
 
 
 def powers(most: int) -> list[int]:
