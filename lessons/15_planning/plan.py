@@ -140,34 +140,14 @@ def step_time(model: Model, par: Parallel, hw: Hardware) -> dict[str, float]:
 
 # --8<-- [end:time]
 def memory(model: Model, par: Parallel) -> int:
-    """The most bytes any rank holds at its step's peak (dp rank 0 has the largest shards)."""
-    return max(peak(model, par, s) for s in range(par.pp))
+    """The most bytes any rank holds at its high-water mark (dp rank 0 has the largest
+    shards)."""
+    return max(sum(held(model, par, s, 0).values()) + activations(model, par, s)
+               for s in range(par.pp))  # fmt: skip
 
 
-def peak(model: Model, par: Parallel, stage: int) -> int:
-    """The stage's peak in the program (course/grader/scale.py), as torch's MemTracker
-    sees it: the sharded weights, AdamW's moments and (4 bytes each) step counts; every unit's whole
-    (tp-local) weights, which FSDP2 keeps gathered from the first forward to the last
-    backward (reshard_after_forward=False); the whole gradients it accumulates until the
-    last micro-batch; the micro-batches in flight (the blocks' saved tensors and the
-    stage's input; at the last stage the norm's, the head's and the loss's); and the
-    gradients one block's backward (or the head's) makes at once."""
-    found = units(model, par, stage)
-    sizes = [sum(math.prod(s) for s in unit) * FLOAT for unit in found]
-    blocks, shards = len(stage_blocks(model.depth, par.pp, stage)), held(model, par, stage, 0)
-    base = shards["params"] + shards["optimizer"] + sum(sizes) + 4 * sum(map(len, found))
-    tokens, m, last = rows(model, par) * model.seq, par.micro_batches, stage == par.pp - 1
-    k = m if par.schedule == "gpipe" else min(m, par.pp - stage)  # micro-batches in flight
-    saved = activations(model, par, stage) + k * tokens * model.dim * FLOAT
-    logits = tokens * model.vocab * FLOAT * last  # and the loss's log-softmax, as big
-    head = tokens * (2 * model.dim + 2) * FLOAT * last + 2 * logits
-    block = tokens * (2 * (model.width // par.tp) + 2 * model.dim) * FLOAT
-    if par.schedule != "gpipe" and m > par.pp - stage:  # a forward after a backward: all
-        return base + sum(sizes) + saved + head + block + 2 * logits
-    # Otherwise the forwards end before any gradient exists, or the first backward runs
-    # with one block's gradients and the root's (reduced last) beside the saved tensors.
-    during = base + max(sizes[:blocks] or [0]) + sum(sizes[blocks:]) + saved + (k - 1) * head
-    return max(base + saved + k * head + 2 * logits, during + block)
+def fits(model: Model, par: Parallel, hw: Hardware) -> bool:
+    return memory(model, par) <= hw.memory
 
 
 # --8<-- [start:questions]
@@ -175,7 +155,7 @@ def micro_batches_for(pp: int, target: float) -> int:
     """The fewest micro-batches that bring a pp-stage pipeline's bubble, as a share of its
     step, to `target` or under."""
     # TODO: answer the three questions with this file's own model.
-    raise NotImplementedError("TODO at 15_planning/plan.py:178 is not done yet")
+    raise NotImplementedError("TODO at 15_planning/plan.py:158 is not done yet")
 
 
 def communication_bound(model: Model, par: Parallel, hw: Hardware, most: int = 1 << 16):
@@ -183,7 +163,7 @@ def communication_bound(model: Model, par: Parallel, hw: Hardware, most: int = 1
     traffic no longer hides behind compute (exposed > 0), each dp rank keeping its share
     of par's batch; None up to `most`."""
     # TODO: try dp = 1, 2, 4, ... with the batch grown to keep each rank's share.
-    raise NotImplementedError("TODO at 15_planning/plan.py:186 is not done yet")
+    raise NotImplementedError("TODO at 15_planning/plan.py:166 is not done yet")
 
 
 def best_tp(model: Model, par: Parallel, hw: Hardware) -> int:
@@ -191,7 +171,7 @@ def best_tp(model: Model, par: Parallel, hw: Hardware) -> int:
     grows) with the shortest step; the smaller on a tie."""
     # TODO: try tp = 1, 2, 4, ... while it divides the width and the ranks, skipping
     # shapes whose batch does not split.
-    raise NotImplementedError("TODO at 15_planning/plan.py:194 is not done yet")
+    raise NotImplementedError("TODO at 15_planning/plan.py:174 is not done yet")
 
 
 # --8<-- [end:questions]

@@ -319,6 +319,8 @@ def test_lesson_page_shows_starter_and_solution_tabs(offline, base_url, artifact
     )
     small = small_diagram_text(page)
     assert not small, f"text smaller than {MIN_DIAGRAM_TEXT_PX} px: {small}"
+    tiny = page.evaluate(PLOT_TEXT, MIN_PLOT_TEXT_PX)
+    assert not tiny, f"plots whose text is drawn under {MIN_PLOT_TEXT_PX} px: {tiny}"
     split = split_diagram_words(page)
     assert not split, (
         f"a diagram label broke a word in two with a hyphen (a token wider than its box: "
@@ -379,6 +381,8 @@ def test_lesson_page_on_a_phone_keeps_outputs_aligned_and_diagrams_legible(
                  .map(img => `${img.alt}: ${img.clientWidth} px`)"""
     )
     assert not shrunk, f"at {PHONE_PX} px these plots shrink to the column: {shrunk}"
+    tiny = page.evaluate(PLOT_TEXT, MIN_PLOT_TEXT_PX)
+    assert not tiny, f"at {PHONE_PX} px, plot text under {MIN_PLOT_TEXT_PX} px: {tiny}"
     page.evaluate("window.scrollTo(0, 0)")
     artifacts.shot(page, f"lesson-{lesson[:2]}-phone.png", full_page=True)
     phone.assert_offline()
@@ -481,6 +485,8 @@ def test_a_chinese_lesson_page_has_tabs_diagrams_and_a_way_back(offline, base_ur
     assert re.search("[\u4e00-\u9fff]", labels), f"the diagram has no Chinese label: {labels}"
     small = small_diagram_text(page)
     assert not small, f"text smaller than {MIN_DIAGRAM_TEXT_PX} px: {small}"
+    tiny = page.evaluate(PLOT_TEXT, MIN_PLOT_TEXT_PX)  # the English page's plots, drawn here
+    assert not tiny, f"plots whose text is drawn under {MIN_PLOT_TEXT_PX} px: {tiny}"
     if offline.scheme == "light":
         wide = wide_code(page)
         assert not wide, f"{len(wide)} code blocks or tables scroll sideways: {wide[:4]}"
@@ -560,6 +566,8 @@ def test_pages_load_offline_without_errors(offline, base_url, artifacts, path):
     assert title.is_visible() and title.inner_text().strip()
     wide = wide_code(page) if offline.scheme == "light" else []
     assert not wide, f"{len(wide)} code blocks or tables scroll sideways:\n" + "\n".join(wide[:8])
+    tiny = page.evaluate(PLOT_TEXT, MIN_PLOT_TEXT_PX)  # results/: every record's plot
+    assert not tiny, f"plots whose text is drawn under {MIN_PLOT_TEXT_PX} px: {tiny}"
     name = (path.strip("/").replace("/", "-") or "home") + f"-{offline.scheme}.png"
     artifacts.shot(page, name)
     offline.assert_offline()
@@ -634,6 +642,32 @@ PROVENANCE = """() => [...document.querySelectorAll('article details.course-prov
   })"""
 
 # Printed outputs (text blocks, folded ones opened) drawn on more lines than they have.
+# Each plot's smallest text as drawn, in px: the SVG's own font sizes (user units) scaled by
+# the width the page draws the image at over the SVG's width. A plot whose text is paths
+# cannot be measured, and says so.
+MIN_PLOT_TEXT_PX = 10
+PLOT_TEXT = r"""least => [...document.querySelectorAll('img.course-plot')].map(img => {
+  const src = img.getAttribute('src') || '';
+  if (!src.startsWith('data:image/svg+xml;base64,')) return `${img.alt}: not an inline SVG`;
+  const bytes = Uint8Array.from(atob(src.split(',')[1]), c => c.charCodeAt(0));
+  const svg = new DOMParser().parseFromString(new TextDecoder().decode(bytes),
+                                              'image/svg+xml').documentElement;
+  const box = svg.getAttribute('viewBox');
+  const width = box ? parseFloat(box.trim().split(/[ ,]+/)[2])
+                    : parseFloat(svg.getAttribute('width'));
+  const sizes = [...svg.querySelectorAll('text')].map(t => {
+    const size = t.getAttribute('font-size') || '';
+    const style = (t.getAttribute('style') || '') + ';font-size:' + size;
+    const m = style.match(/font(?:-size)?\s*:\s*(?:[a-z-]+\s+)*([\d.]+)/);
+    return m ? parseFloat(m[1]) : NaN; }).filter(x => x > 0);
+  if (!sizes.length) return `${img.alt}: no text to measure (drawn as paths?)`;
+  const drawn = img.getBoundingClientRect().width;
+  if (!drawn) return null;  // not shown (a folded block)
+  const px = Math.min(...sizes) * drawn / width;
+  return px < least ? `${img.alt}: ${px.toFixed(1)} px` : null;
+}).filter(Boolean)"""
+
+
 WRAPPED_OUTPUT = """() => {
   document.querySelectorAll('details').forEach(d => { d.open = true; });
   const wrapped = [];

@@ -107,18 +107,20 @@ def curves_svg(doc: dict) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.4), layout="constrained")
-    widths = (9, 6.5, 4, 1.5, 2.5)
-    for (label, curve), width in zip(doc["curves"].items(), widths, strict=True):
-        steps = sorted(curve, key=int)
-        resumed = label.endswith("resumed")
-        ax.plot([int(s) for s in steps], [curve[s] for s in steps], ":" if resumed else "-",
-                lw=width, alpha=0.45 if width > 2.5 else 1, label=label)  # fmt: skip
-    ax.set(xlabel="step", ylabel="loss", yscale="log")
-    ax.legend(fontsize=8, title="mesh (the control: dp 8)", title_fontsize=8)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="svg", transparent=True)
-    plt.close(fig)
+    # Text as text, not paths: the browser test measures its drawn size.
+    with plt.rc_context({"svg.fonttype": "none"}):
+        fig, ax = plt.subplots(figsize=(6.4, 3.4), layout="constrained")
+        widths = (9, 6.5, 4, 1.5, 2.5)
+        for (label, curve), width in zip(doc["curves"].items(), widths, strict=True):
+            steps = sorted(curve, key=int)
+            resumed = label.endswith("resumed")
+            ax.plot([int(s) for s in steps], [curve[s] for s in steps], ":" if resumed else "-",
+                    lw=width, alpha=0.45 if width > 2.5 else 1, label=label)  # fmt: skip
+        ax.set(xlabel="step", ylabel="loss", yscale="log")
+        ax.legend(fontsize=8, title="mesh (the control: dp 8)", title_fontsize=8)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="svg", transparent=True)
+        plt.close(fig)
     return base64.b64encode(buffer.getvalue()).decode()
 
 

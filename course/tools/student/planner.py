@@ -67,22 +67,62 @@ GPUS = {
 }  # fmt: skip
 RATE = "rated FP32 peak (NVIDIA's datasheet), times --efficiency (stated, not measured)"
 
-# plan.memory / the peak torch's MemTracker tracked in the program (course/grader/scale.py,
+# peak() / the peak torch's MemTracker tracked in the program (course/grader/scale.py,
 # tracked_peak), at most and at least, over every stage of six meshes of 64 to 1024 ranks
 # (both schedules, tp 1 to 4; measured 2026-12-07; tests/course/grader/test_scale.py
 # checks three of them). It misses most in middle stages, whose sends keep each
 # micro-batch's output and input gradient alive until the step ends.
 TRACKED = (0.70, 1.18)
 # What a GPU holds beyond that, stated, not measured here: the CUDA context and NCCL's
-# buffers (HEADROOM_GB), and the caching allocator's fragmentation and what plan.memory
+# buffers (HEADROOM_GB), and the caching allocator's fragmentation and what peak()
 # misses (HEADROOM_SHARE of its figure: the tracked peak was up to 1 / 0.70 = 1.43 times
 # it). A mesh fits when memory + headroom <= the GPU's memory.
 HEADROOM_GB = 2
 HEADROOM_SHARE = round(1 / TRACKED[0] - 1, 2)
 
 
+FLOAT = 4  # bytes: the program trains in float32
+
+
+def peak(plan, model, par, stage: int) -> int:
+    """The bytes a rank of `stage` (dp rank 0: the largest shards) holds at its step's peak in
+    the program (course/grader/scale.py), from plan.py's own terms, as torch's MemTracker
+    sees it. Beyond what plan.held() and plan.activations() count: AdamW's step counts (4
+    bytes a tensor); every unit's whole (tp-local) weights, which FSDP2 keeps gathered from
+    the first forward to the last backward (reshard_after_forward=False); the whole
+    gradients it accumulates until the last micro-batch (torch's set_requires_gradient_sync
+    "accumulates gradients in unsharded form"); each micro-batch in flight's stage input,
+    and at the last stage the norm's, the head's and the loss's; and the gradients one
+    block's backward (or the head's) makes at once. Sharded gradients exist only after
+    the step's last backward, below the peak."""
+    import math
+
+    found = plan.units(model, par, stage)
+    sizes = [sum(math.prod(s) for s in unit) * FLOAT for unit in found]
+    blocks = len(plan.stage_blocks(model.depth, par.pp, stage))
+    shards = plan.held(model, par, stage, 0)
+    base = shards["params"] + shards["optimizer"] + sum(sizes) + 4 * sum(map(len, found))
+    tokens, m, last = plan.rows(model, par) * model.seq, par.micro_batches, stage == par.pp - 1
+    k = m if par.schedule == "gpipe" else min(m, par.pp - stage)  # micro-batches in flight
+    saved = plan.activations(model, par, stage) + k * tokens * model.dim * FLOAT
+    logits = tokens * model.vocab * FLOAT * last  # and the loss's log-softmax, as big
+    head = tokens * (2 * model.dim + 2) * FLOAT * last + 2 * logits
+    block = tokens * (2 * (model.width // par.tp) + 2 * model.dim) * FLOAT
+    if par.schedule != "gpipe" and m > par.pp - stage:  # a forward after a backward: all
+        return base + sum(sizes) + saved + head + block + 2 * logits
+    # Otherwise the forwards end before any gradient exists, or the first backward runs
+    # with one block's gradients and the root's (reduced last) beside the saved tensors.
+    during = base + max(sizes[:blocks] or [0]) + sum(sizes[blocks:]) + saved + (k - 1) * head
+    return max(base + saved + k * head + 2 * logits, during + block)
+
+
+def memory(plan, model, par) -> int:
+    """The fullest rank's peak: the largest of its stages'."""
+    return max(peak(plan, model, par, s) for s in range(par.pp))
+
+
 def fits(memory: float, hw) -> bool:
-    """Whether a rank whose plan.memory is `memory` bytes fits `hw`, headroom included."""
+    """Whether a rank whose peak() is `memory` bytes fits `hw`, headroom included."""
     return memory + HEADROOM_GB * GB + HEADROOM_SHARE * memory <= hw.memory
 
 
@@ -123,7 +163,7 @@ def rank(plan, model, gpus: int, batch: int, hw) -> list[dict]:
     """The meshes that fit, fastest first, each with its predicted terms and memory."""
     rows = []
     for par in meshes(plan, model, gpus, batch, hw):
-        held = plan.memory(model, par)
+        held = memory(plan, model, par)
         if not fits(held, hw):
             continue
         rows.append({"par": par, "memory": held, **plan.step_time(model, par, hw)})

@@ -235,7 +235,7 @@ def plan_at_scale(plan, args) -> None:
         pp, dp, tp, m = (args.mesh + [1])[:4]
         par = plan.Parallel(pp, dp, tp, batch, m, "1f1b")
         plan.check(model, par, args.gpus)  # ValueError: the product, or what does not split
-        rows = [{"par": par, "memory": plan.memory(model, par),
+        rows = [{"par": par, "memory": planner.memory(plan, model, par),
                  **plan.step_time(model, par, hw)}]  # fmt: skip
     else:
         rows = planner.rank(plan, model, args.gpus, batch, hw)

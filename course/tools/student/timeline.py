@@ -153,17 +153,19 @@ def render(doc: dict, path: str | Path | None = None, fmt: str = "png") -> bytes
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from course.tools.student.bench.render import TEXT_PT, WIDTH_IN  # a page's legible plot
+
     events = doc["traceEvents"]
     lanes = [ALL_REDUCE, BACKWARD]
     colours = {BACKWARD: "tab:blue", ALL_REDUCE: "tab:orange"}
-    with plt.rc_context({"font.size": 10, "svg.fonttype": "none"}):
-        fig, ax = plt.subplots(figsize=(12, 2.8))
+    with plt.rc_context({"font.size": TEXT_PT, "svg.fonttype": "none"}):
+        fig, ax = plt.subplots(figsize=(WIDTH_IN, 2.8))
         for row, lane in enumerate(lanes):
             spans = [(e["ts"] / 1e3, e["dur"] / 1e3) for e in events if e["cat"] == lane]
             ax.broken_barh(spans, (row - 0.35, 0.7), facecolors=colours[lane], edgecolor="white")
         end = max(e["ts"] + e["dur"] for e in events if e["cat"] == BACKWARD) / 1e3
         ax.axvline(end, color="grey", linestyle="--", linewidth=0.8)
-        ax.annotate("backward ends", (end, 1.45), ha="center", fontsize=9, color="grey")
+        ax.annotate("backward ends", (end, 1.45), ha="center", color="grey")
         gpu = doc.get("settings", {}).get("backend") == "nccl"
         lower = "backward\n(GPU kernels)" if gpu else "backward\n(autograd)"
         ax.set_yticks(range(len(lanes)), ["all-reduce\n(communication)", lower])

@@ -90,7 +90,7 @@ def render_zero_stages(name: str) -> str:
 def render_planning_figure(record: str, name: str, root: Path = ROOT, lang: str = "en") -> str:
     """[[planning:FILE:flops]]: the float32 GEMM rate a `course plan --measure` record
     (docs/results/15_planning/FILE.json) measured, in TFLOP/s. [[planning:tracked:band]]:
-    how far plan.memory's peak came from the one torch's MemTracker tracked, at least and
+    how far the planner's peak() came from the one torch's MemTracker tracked, at least and
     at most (course.tools.student.planner.TRACKED, measured)."""
     if (record, name) == ("tracked", "band"):
         from course.tools.student.planner import TRACKED

@@ -49,11 +49,12 @@ from course.grader.scale import Config, fake_world, tracked_peak
 config, stage, folder = Config(**json.loads(sys.argv[1])), int(sys.argv[2]), sys.argv[3]
 sys.path.insert(0, folder)
 import plan
+from course.tools.student import planner
 model = plan.Model(config.vocab, config.dim, config.depth, config.seq, config.hidden)
 par = plan.Parallel(config.pp, config.dp, config.tp, config.batch, config.micro_batches,
                     config.schedule)
 shards = plan.held(model, par, stage, 0)
-said = {"peak": plan.peak(model, par, stage), "shards": shards["params"],
+said = {"peak": planner.peak(plan, model, par, stage), "shards": shards["params"],
         "whole": sum(math.prod(s) for u in plan.units(model, par, stage) for s in u) * 4,
         "old": sum(shards.values()) + plan.activations(model, par, stage)}
 with fake_world(config.world, stage * config.dp * config.tp):  # dp rank 0: largest shards
@@ -61,14 +62,13 @@ with fake_world(config.world, stage * config.dp * config.tp):  # dp rank 0: larg
 """
 
 
-def test_the_plans_whole_peak_agrees_with_torchs_memory_tracker():
-    """The reference plan.py's peak(), at a rank of dp rank 0 of each stage, against the
-    bytes torch's MemTracker saw alive at that rank's worst moment of the program's step:
-    within planner.TRACKED. The parameters alive at the peak include the shards and every
-    unit's whole tp-local weights (FSDP2 keeps them gathered; with tp > 1 DTensor's own
-    copies add more).
-    The sharded state and the blocks' saved tensors alone (the old formula) fall far
-    below."""
+def test_the_planners_whole_peak_agrees_with_torchs_memory_tracker():
+    """The planner's peak() (course plan's memory, from the reference plan.py's terms), at a
+    rank of dp rank 0 of each stage, against the bytes torch's MemTracker saw alive at that
+    rank's worst moment of the program's step: within planner.TRACKED. The parameters
+    alive at the peak include the shards and every unit's whole tp-local weights (FSDP2
+    keeps them gathered; with tp > 1 DTensor's own copies add more). The sharded state and
+    the blocks' saved tensors alone (plan.memory's formula) fall far below."""
     import dataclasses
     import json
     from concurrent.futures import ThreadPoolExecutor
@@ -91,6 +91,6 @@ def test_the_plans_whole_peak_agrees_with_torchs_memory_tracker():
     for config, stage, got in found:
         said, tracked = got["said"], got["tracked"]
         ratio, where = said["peak"] / tracked["Total"], f"{config} stage {stage}: {got}"
-        assert low <= ratio <= high, f"plan.peak / tracked = {ratio:.3f}; {where}"
+        assert low <= ratio <= high, f"planner.peak / tracked = {ratio:.3f}; {where}"
         assert tracked["Parameter"] >= said["shards"] + said["whole"], where
         assert said["old"] / tracked["Total"] < low, f"the state and saved tensors: {where}"

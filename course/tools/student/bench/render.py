@@ -104,8 +104,11 @@ def provenance_line(doc: dict) -> str:
     return ", ".join(parts)
 
 
-# Every text of the plot, in points: the site shows it at about its own size.
+# Every text of the plot, in points, and the figure's width, in inches: a page shows a plot
+# at most 906 px wide at 1280 px, and 768 px wide on a phone (course.css), so text of 10 pt
+# on a figure of 10.5 in is drawn at 10 px or more on both (the browser test measures it).
 TEXT_PT = 10
+WIDTH_IN = 10.5
 
 
 def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> bytes:
@@ -122,18 +125,23 @@ def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> 
     import matplotlib.pyplot as plt
 
     keys = list(dict.fromkeys(r["key"] for doc in docs for r in doc["rows"] if r["ok"]))
+    many = len(keys) > 8  # lesson 08's variants: slanted labels, on fewer lines
     labels = {  # wrapped, so that neighbouring labels never run into each other
-        r["key"]: textwrap.fill(f"{r['lesson']} {r['mode']}", 11, break_long_words=False)
+        r["key"]: textwrap.fill(
+            f"{r['lesson']} {r['mode']}", 24 if many else 11, break_long_words=False
+        )  # fmt: skip
         for d in docs
         for r in d["rows"]
     }
     scaled = {r["key"] for d in docs for r in d["rows"] if "efficiency" in r}
     pkeys = [key for key in keys if not key.startswith("01") and key in scaled]  # parallel rows
-    many = len(keys) > 8  # lesson 08's variants: slanted labels, a wider figure
-    size = (max(14, 1.5 * len(keys) + 4), 5.6 + 1.2 * many)
+    # Side by side when each panel's labels fit half the width, else one above the other.
+    stacked = bool(pkeys) and len(keys) > 4
+    height = (5.6 + 1.2 * many) * (1.8 if stacked else 1)
     with plt.rc_context({"font.size": TEXT_PT, "svg.fonttype": "none"}):
         # No row that scales (lesson 09's one process against itself): throughput alone.
-        fig, axes = plt.subplots(1, 2 if pkeys else 1, figsize=size if pkeys else (8, size[1]))
+        shape = (2, 1) if stacked else (1, 2 if pkeys else 1)
+        fig, axes = plt.subplots(*shape, figsize=(WIDTH_IN if pkeys else 8, height))
         left, right = (axes[0], axes[1]) if pkeys else (axes, None)
         width = 0.8 / max(len(docs), 1)
         offset = (len(docs) - 1) * width / 2  # from a group's first bar to its centre
@@ -144,9 +152,10 @@ def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> 
             where = [keys.index(k) + i * width for k in shown]
             bars = left.bar(where, [rows[k]["samples_per_s"] for k in shown], width, label=name)
             left.bar_label(bars, fmt="{:,.0f}", padding=2)
-            for x, key in zip(where, shown, strict=True):
+            for x, key in zip(where, shown, strict=True):  # right of the centred label
                 windows = rows[key].get("window_samples_per_s") or []
-                left.plot([x] * len(windows), windows, "o", ms=3, color="black", alpha=0.6)
+                dots = [x + 0.3 * width] * len(windows)
+                left.plot(dots, windows, "o", ms=3, color="black", alpha=0.6)
             shown = [key for key in pkeys if key in rows and "efficiency" in rows[key]]
             if right is None:
                 continue
@@ -156,7 +165,7 @@ def plot(docs: list[dict], path: str | Path | None = None, fmt: str = "png") -> 
                 width,
             )
             right.bar_label(bars, fmt="{:.2f}", padding=2)
-        slant = dict(rotation=35, ha="right") if many else {}
+        slant = dict(rotation=45, ha="right", rotation_mode="anchor") if many else {}
         left.set_xticks([k + offset for k in range(len(keys))], [labels[k] for k in keys], **slant)
         left.set_ylabel("images / s (bar: median window; dots: every window)")
         left.set_title("Throughput")
