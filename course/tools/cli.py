@@ -17,8 +17,13 @@ python -m course spy SCRIPT [ARGS]         # the stack of every rank of a stuck 
 python -m course timeline --out t.json     # backward and DDP's all-reduces on one time axis
 python -m course memory [--nproc 2]        # lesson 10's sharding ways: bytes predicted, counted
 python -m course find-unused               # lesson 09: what find_unused_parameters=True costs
+python -m course bandwidth [--nproc 2]     # all_reduce bandwidth by message size (lesson 05)
+python -m course plan --model llama-8b --gpus 256 --gpu h100-80gb   # lesson 15: plan a run
 For instructors, grading a class:
 python -m course grading-cost [--out F]    # seconds and CPU seconds of grading each lesson
+python -m course grade-class submissions/ --out grades.csv   # a folder of students' folders
+python -m course autograder --out a.zip    # a Gradescope autograder zip
+python -m course classroom                 # a GitHub Classroom workflow
 For the course's authors:
 python -m course release [--check]         # regenerate lessons/ from solutions/
 python -m course record [NAME ...]         # re-record the outputs the pages show
@@ -27,6 +32,8 @@ python -m course tolerances [NN ...]       # measure the tests' bounds over many
 python -m course durations runs/suite.xml  # the suite's seconds by file and kind (--junitxml)
 python -m course schedules --out s.json    # lesson 11's schedules, measured, and the bubble
 python -m course compositions --out c.json # lesson 14's meshes: curves, collectives by axis
+python -m course sizes                     # code lines of each solution, lines changed
+python -m course mutate 12 --jobs 8        # the mutation engine on a lesson's grading
 
 Each verb is one entry of VERBS below: its name, who runs it, the module that does its work
 (in course/tools/{student,instructor,author}/, by who runs it) and its line of --help; the

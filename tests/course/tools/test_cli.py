@@ -326,3 +326,17 @@ def test_help_lists_students_verbs_then_instructors_then_authors():
     assert all(audience[v] == HEADINGS[STUDENT] for v in ("list", "run", "grade", "hint"))
     assert all(audience[v] == HEADINGS[INSTRUCTOR] for v in ("grade-class", "autograder"))
     assert all(audience[v] == HEADINGS[AUTHOR] for v in ("release", "record", "figures"))
+
+
+def test_the_modules_docstring_shows_every_verb():
+    """cli.py's docstring, the map a newcomer reads first, has a command line for every
+    verb of VERBS, and none for a verb that is not there."""
+    import re
+
+    from course.tools import cli
+
+    shown, verbs = (
+        set(re.findall(r"^python -m course ([a-z-]+)", cli.__doc__, re.M)),
+        set(cli.BY_NAME),
+    )
+    assert shown == verbs, f"missing: {sorted(verbs - shown)}; not verbs: {sorted(shown - verbs)}"
