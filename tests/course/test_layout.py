@@ -370,3 +370,25 @@ def test_the_readme_and_the_contributing_page_show_every_folder():
         assert (ROOT / folder_).is_dir(), folder_
     loose = sorted(p.name for p in (ROOT / "tests").glob("*.py") if p.name != "conftest.py")
     assert not loose, f"test files outside the audiences' folders: {loose}"
+
+
+def test_the_maps_of_the_top_level_and_the_tools_name_every_module():
+    """The contributing page's rows for `course/` and `course/tools/` (in both languages)
+    and the README's row for `course/` name every module there: a new one is added to the
+    maps a newcomer reads, not only to course/__init__.py's."""
+    top = {p.stem for p in (ROOT / "course").glob("*.py")} - {"__init__", "__main__"}
+    tools = {p.stem for who in ("student", "instructor", "author")
+             for p in (ROOT / "course" / "tools" / who).glob("*.py")} - {"__init__"}  # fmt: skip
+
+    def row(text: str, folder: str) -> set[str]:
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"| `{folder}` |"))
+        return set(re.findall(r"`([a-z_]+)/?`", line))
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    missing = top - row(readme, "course/")
+    assert not missing, f"README's course/ row lacks {sorted(missing)}"
+    for name in ("contributing.md", "contributing.zh.md"):
+        page = (ROOT / "docs" / name).read_text(encoding="utf-8")
+        for folder_, wanted in (("course/", top), ("course/tools/", tools | {"bench"})):
+            missing = wanted - row(page, folder_)
+            assert not missing, f"{name}: the {folder_} row lacks {sorted(missing)}"
