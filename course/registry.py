@@ -328,20 +328,3 @@ def command(
     if launcher == "spawn" and nproc:
         options += ["--nproc", str(nproc)]
     return [sys.executable, str(script), *options, *extra]
-
-
-def shown(command: list[str]) -> str:
-    """`command` as a page shows it: `python`, `torchrun`, paths from the repository."""
-    words = [str(w) for w in command]
-    if words[1:3] == ["-m", "torch.distributed.run"]:
-        words = ["torchrun", *words[3:]]
-    elif words and words[0] == sys.executable:
-        words[0] = "python"
-    return " ".join(_from_root(w) for w in words)
-
-
-def _from_root(word: str) -> str:
-    try:
-        return str(Path(word).relative_to(REPO_ROOT)) if Path(word).is_absolute() else word
-    except ValueError:
-        return word
