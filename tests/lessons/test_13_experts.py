@@ -117,7 +117,8 @@ def test_capacity_keeps_every_first_choice_before_any_second(impl, tmp_path_fact
 @pytest.mark.points(1)
 def test_balance_loss_is_switch_transformers(impl, tmp_path_factory):
     """balance_loss: 8 x the sum over experts of its share of every choice (kept or not)
-    times its mean probability, on the same skewed routing."""
+    times its mean probability, on the same skewed routing, and on one where no token
+    chooses the last expert."""
     _, tensors = _case(impl, tmp_path_factory, "routing")
     probs, _, experts = m.route(m.skewed_logits(SEED))
     want = float(m.balance_loss(probs, experts))
@@ -126,6 +127,15 @@ def test_balance_loss_is_switch_transformers(impl, tmp_path_factory):
         f"balance_loss is {got:.5f}, Switch Transformer's is {want:.5f} (1 when balanced). "
         "Likely causes: the shares counted over tokens instead of choices, or multiplied "
         "by the probabilities of the chosen experts only"
+    )
+    # An expert no token chooses still has its share, 0, beside its probability.
+    probs, _, experts = m.route(m.last_expert_unchosen(m.skewed_logits(SEED)))
+    want, got = float(m.balance_loss(probs, experts)), float(tensors["loss_unused"])
+    assert abs(got - want) <= 1e-5, (
+        f"with the last of the {m.E} experts chosen by no token, balance_loss is {got:.5f}, "
+        f"Switch Transformer's is {want:.5f}. Likely cause: the choices counted without "
+        "a place for every expert (torch.bincount without minlength=n_experts is shorter "
+        "than the experts when the last gets no choice)"
     )
 
 

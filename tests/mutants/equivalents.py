@@ -25,6 +25,28 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "down's bias is whole on every rank: without the clone it shares the split block's "
         "own bias storage, of the same size, which nothing uses after the split",
     },
+    "12": {
+        "ring.py:dk, dv = travel[-2], travel[-1]  # home, with every rank's share -> dk, dv = travel[-2], travel[1]  # home, with every rank's share":
+        "at the end `travel` holds only the two gradients that came home (travel[2:] of the last hop): index 1 is index -1",
+        "ring.py:dist.all_gather(parts, x.contiguous()) -> dist.all_gather(parts, x)":
+        "gathered_attention gathers torch.stack([k, v]), a new contiguous tensor: .contiguous() returns it unchanged",
+        "ring.py:mine = torch.empty_like(grad[0]).view(-1) -> mine = torch.empty_like(grad[ 1]).view(-1)":
+        "grad holds one slot a rank, every slot the shape of slot 0: an empty tensor shaped like slot 1 is the same",
+        "ring.py:return mine.view_as(grad[0]) -> return mine.view_as(grad[ -1])":
+        "grad holds one slot a rank, every slot the shape of slot 0: viewed as the last slot is the same shape",
+    },
+    "13": {
+        "experts.py:order = experts[tokens, slots].argsort(stable=True) -> order = experts[tokens, slots].argsort(stable=False)":
+        "the order only groups each expert's rows for the all-to-all; tokens and slots are permuted together and the combine scatters each row back by them, so any order within an expert gives the same output",
+        "moe.py:top, experts = probs.topk(k, dim=-1) -> top, experts = probs.topk(k, dim=1)":
+        "route's logits are (tokens, experts): the layer flattens the batch first, so dimension 1 is dimension -1",
+        "moe.py:top, experts = probs.topk(k, dim=-1) -> top, experts = probs.topk(k)":
+        "topk's default dimension is -1, the experts'",
+        "moe.py:return probs, top / top.sum(-1, keepdim=True), experts -> return probs, top / top.sum(1, keepdim=True), experts":
+        "top is (tokens, k): dimension 1 is dimension -1",
+        "moe.py:place = ((hot.cumsum(0) - hot) * hot).sum(-1)  # earlier choices of the same expert -> place = ((hot.cumsum(0) - hot) * hot).sum(1)  # earlier choices of the same expert":
+        "hot is one_hot of a flat list, (choices, experts): dimension 1 is dimension -1",
+    },
     "14": {
         "compose.py:per = len(model.blocks) // stages -> per = len(model.blocks) / stages":
         "stage_of cuts the same number of blocks on every stage, and compose.py refuses a depth "

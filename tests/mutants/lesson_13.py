@@ -46,6 +46,16 @@ MUTANTS = [
         caught_by="balance_loss_is",
     ),
     dict(
+        name="balance_without_a_place_for_every_expert",
+        why="the choices counted by bincount without minlength: when the last expert gets no "
+        "choice, the shares are one short and no longer line up with the experts (found by "
+        "the mutation engine)",
+        old="    share = torch.bincount(experts.flatten(), minlength=n_experts) / experts.numel()\n",
+        new="    share = torch.bincount(experts.flatten()) / experts.numel()\n",
+        caught_by="balance_loss_is",
+        says=["must match the size of tensor b"],  # the crash, in the case child, named
+    ),
+    dict(
         name="balance_without_gradient",
         why="the mean probabilities detached: the balancing loss has the right value and "
         "no effect on the router",

@@ -34,8 +34,11 @@ def routing(lesson):
     _, ref_experts = m.route(logits)[0], m.route(logits)[2]
     keep = lesson.kept(ref_experts, m.E, m.capacity(m.TOKENS))
     loss = lesson.balance_loss(m.route(logits)[0], ref_experts, m.E)
+    starved, _, unchosen = m.route(m.last_expert_unchosen(logits))
+    unused = lesson.balance_loss(starved, unchosen, m.E)
     return Tensors({"probs": probs, "gates": gates, "experts": experts, "keep": keep,
-                    "loss": torch.as_tensor(loss).reshape(())})  # fmt: skip
+                    "loss": torch.as_tensor(loss).reshape(()),
+                    "loss_unused": torch.as_tensor(unused).reshape(())})  # fmt: skip
 
 
 def _layer(lesson, device: str = "cpu") -> Tensors:

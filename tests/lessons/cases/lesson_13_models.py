@@ -31,6 +31,14 @@ def skewed_logits(seed: int, tokens: int = TOKENS):
     return logits
 
 
+def last_expert_unchosen(logits):
+    """The same router outputs with the last expert's far below every other: no token
+    chooses it, and its share of the choices is 0."""
+    starved = logits.clone()
+    starved[:, -1] = logits.min() - 30.0
+    return starved
+
+
 def route(logits):
     probs = logits.softmax(-1)
     top, experts = probs.topk(K, dim=-1)
