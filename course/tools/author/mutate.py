@@ -176,10 +176,11 @@ def _verdict(output: str) -> dict:
 
 def run(number: str, jobs: int, seeds: list[int], only: list[str] | None = None,
         limit: int = 0, equivalents: dict | None = None, save=None,
-        again: dict | None = None) -> dict:  # fmt: skip
+        again: dict | None = None, rest: dict | None = None) -> dict:  # fmt: skip
     """Mutate and grade lesson `number`; the record. `save(record)` is called after each
     mutant with the record so far (a run stopped halfway keeps what it graded). With
-    `again` (a record), only its mutants that were not killed are graded, the others kept."""
+    `again` (a record), only its mutants that were not killed are graded, the others kept;
+    with `rest` (a record of a stopped run), only the mutants it never reached."""
     engine()
     lesson = registry.get(number)
     files = [f for f in (lesson.exercises or (lesson.script,)) if not only or f in only]
@@ -194,11 +195,15 @@ def run(number: str, jobs: int, seeds: list[int], only: list[str] | None = None,
         done = {_id(r) for r in kept}
         graded = {_id(r) for r in again["mutants"]}
         cases = [c for c in cases if _id(c) in graded and _id(c) not in done]
+    if rest is not None:
+        kept, graded = list(rest["mutants"]), {_id(r) for r in rest["mutants"]}
+        cases = [c for c in cases if _id(c) not in graded]
+    before = again if again is not None else rest
     equivalents = equivalents or {}
     deadline = _deadline(lesson)
-    planned = again["planned"] if again is not None else len(cases)
-    marked = [*again["seeds"], *seeds] if again is not None else seeds  # the record's seeds
-    rerun = seeds if again is not None else None
+    planned = before["planned"] if before is not None else len(cases)
+    marked = [*before["seeds"], *seeds] if before is not None else seeds  # the record's seeds
+    rerun = (seeds, "--again" if again is not None else "--rest") if before else None
     with tempfile.TemporaryDirectory(prefix="course-mutate-") as tmp:
         copies: queue.Queue = queue.Queue()
         for k in range(jobs):
@@ -264,9 +269,9 @@ def triage(doc: dict, equivalents: dict[str, str]) -> dict:
     return doc
 
 
-def record(lesson, files, seeds, results, planned: int, again: list | None = None) -> dict:
-    """The record; `again`: the seeds of a run that graded only the survivors of one
-    before (the record's seeds are then both runs')."""
+def record(lesson, files, seeds, results, planned: int, again: tuple | None = None) -> dict:
+    """The record; `again`: (the seeds, the flag) of a run that graded only the survivors
+    of one before, or only what it never reached (the record's seeds are then both runs')."""
     counts, score = scored(results)
     return {
         "kind": KIND,
@@ -284,16 +289,15 @@ def record(lesson, files, seeds, results, planned: int, again: list | None = Non
         "planned": planned,  # mutants made; fewer in `mutants` where the run was stopped
         "score": score,
         "mutants": sorted(results, key=lambda r: (r["file"], r["line"], r["operator"])),
-        "provenance": provenance(lesson.number, again or seeds, again is not None),
+        "provenance": provenance(lesson.number, *(again or (seeds, ""))),
     }
 
 
-def provenance(number: str, seeds: list[int], again: bool = False) -> dict:
+def provenance(number: str, seeds: list[int], flag: str = "") -> dict:
     import course
 
-    command = f"python -m course mutate {number} --seeds {len(seeds)}"
-    if again:  # the last run graded only the survivors of the one before, at its seeds
-        command = f"python -m course mutate {number} --again --seeds {len(seeds)}"
+    # flag: the last run graded only the survivors of the one before, or what it never reached
+    command = f"python -m course mutate {number} {flag + ' ' if flag else ''}--seeds {len(seeds)}"
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": command,
             "cpus": str(os.cpu_count()), "torch": metadata.version("torch"),
@@ -319,6 +323,11 @@ def parser():
         "--again",
         action="store_true",
         help="grade again only the record's mutants that were not killed (after new tests)",
+    )
+    p.add_argument(
+        "--rest",
+        action="store_true",
+        help="grade only the mutants a stopped run never reached, keep the record's others",
     )
     p.add_argument("--out", help="the record (default docs/results/grading/mutation-NN.json)")
     return p
@@ -347,9 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     def save(doc: dict) -> None:
         atomic.write_json(doc, out, indent=1)
 
-    again = triage(json.loads(out.read_text()), declared(lesson.number)) if args.again else None
+    if args.again and args.rest:
+        p.error("--again and --rest: one at a time")
+    before = triage(json.loads(out.read_text()), declared(lesson.number)) if (
+        args.again or args.rest) else None  # fmt: skip
     doc = run(lesson.number, args.jobs, seeds, args.only, args.limit, declared(lesson.number),
-              save, again)  # fmt: skip
+              save, before if args.again else None, before if args.rest else None)  # fmt: skip
     save(doc)
     print(f"wrote {out}: {doc['counts']}, score {doc['score']} %")
     return 0

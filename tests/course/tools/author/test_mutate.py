@@ -167,3 +167,24 @@ def test_again_grades_only_the_mutants_that_were_not_killed(monkeypatch):
     assert [m["outcome"] for m in got["mutants"]].count("killed") == 2
     assert got["seeds"] == [1, 2, 7, 8] and got["planned"] == len(made)
     assert got["counts"]["equivalent"] == 1 and got["score"] == 100.0
+
+
+def test_rest_grades_only_the_mutants_a_stopped_run_never_reached(monkeypatch):
+    """--rest after a run stopped by its budget: the mutants it graded are kept whatever
+    their outcome, the others graded at the new seeds, and every seed recorded."""
+    made = mutate.mutants(REPO_ROOT / "solutions" / "09_debugging" / "rendezvous.py")
+    first = [{"file": "rendezvous.py", **m, "outcome": o}
+             for m, o in zip(made[:2], ("killed", "survived"), strict=True)]  # fmt: skip
+    doc = {"mutants": first, "seeds": [1, 2], "planned": len(made)}
+    graded = []
+
+    def grade_one(copies, lesson, case, seeds, deadline):
+        graded.append(mutate._id(case))
+        return {**case, "outcome": "killed", "seeds": dict.fromkeys(map(str, seeds), "rejected")}
+
+    monkeypatch.setattr(mutate, "_grade_one", grade_one)
+    got = mutate.run("09", 1, [7, 8], only=["rendezvous.py"], rest=doc)
+    assert sorted(graded) == sorted(mutate._id({"file": "rendezvous.py", **m}) for m in made[2:])
+    assert len(got["mutants"]) == len(made) and got["seeds"] == [1, 2, 7, 8]
+    assert [m["outcome"] for m in got["mutants"]].count("survived") == 1
+    assert got["provenance"]["command"] == "python -m course mutate 09 --rest --seeds 2"
