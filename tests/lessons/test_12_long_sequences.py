@@ -195,6 +195,31 @@ def test_torch_checkpoint_gives_the_same_gradients(impl, tmp_path_factory, refer
     _bit_exact(tensors, f"{mode}/", reference, f"run_block {mode!r}")
 
 
+@pytest.mark.points(1)
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_torch_checkpoint_needs_no_input_that_requires_grad(impl, tmp_path_factory, reference,
+                                                            mode):  # fmt: skip
+    """The same 2 steps with the stack's input a plain tensor (data straight from a loader,
+    requires_grad False): every block parameter's gradient still equals the unchecked
+    stack's, bit for bit. The non-reentrant checkpoint the lesson asks for does this."""
+    found, tensors = _case(impl, tmp_path_factory, "torch_ways")
+    _crashed(found, mode)
+    reentrant = ("what torch's reentrant checkpoint does, the one a call without "
+                 "use_reentrant=False runs on torch up to 2.14 (use_reentrant=False: the "
+                 "non-reentrant one)")  # fmt: skip
+    error, none = found["frozen_errors"].get(mode), found["frozen_none"].get(mode)
+    assert error is None, (
+        f"run_block(block, x, {mode!r}) with x needing no gradient raised {error}: the "
+        f"blocks' outputs needed no gradient either, {reentrant}"
+    )
+    assert not none, (
+        f"run_block(block, x, {mode!r}) with x needing no gradient left {none[:3]} without a "
+        f"gradient, {reentrant}"
+    )
+    params = {k: v for k, v in reference.items() if not k.endswith("/input")}
+    _bit_exact(tensors, f"{mode}/frozen/", params, f"run_block {mode!r}, input without grad")
+
+
 def _crashed(found: dict, *modes: str) -> None:
     """Fail with the way's own error where run_block(..., mode) raised."""
     for mode in modes:

@@ -36,6 +36,11 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "grad holds one slot a rank, every slot the shape of slot 0: viewed as the last slot is the same shape",
     },
     "13": {
+        "experts.py:dist.all_to_all_single(back, grad.contiguous(), ctx.send, ctx.receive, group=ctx.group) -> "
+        "dist.all_to_all_single(back, grad, ctx.send, ctx.receive, group=ctx.group)":
+        "the gradients reaching AllToAll's backward in ExpertParallel come from split's and a "
+        "product's backward, new contiguous tensors, and gloo copies a strided input itself "
+        "(probed on torch 2.8 and 2.14: the same rows arrive)",
         "experts.py:order = experts[tokens, slots].argsort(stable=True) -> order = experts[tokens, slots].argsort(stable=False)":
         "the order only groups each expert's rows for the all-to-all; tokens and slots are permuted together and the combine scatters each row back by them, so any order within an expert gives the same output",
         "moe.py:top, experts = probs.topk(k, dim=-1) -> top, experts = probs.topk(k, dim=1)":

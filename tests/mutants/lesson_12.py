@@ -77,6 +77,15 @@ MUTANTS = [
         caught_by="selective_keeps",
     ),
     dict(
+        name="full_checkpoint_reentrant",
+        why="full checkpointing without use_reentrant=False: torch's default, the reentrant "
+        "one, gives the blocks no gradient where the stack's input needs none",
+        old="        return checkpoint(block, x, use_reentrant=False)\n",
+        new="        return checkpoint(block, x)\n",
+        caught_by="needs_no_input",
+        says=["reentrant"],
+    ),
+    dict(
         file=RING,
         name="zigzag_neighbours",
         why="zig-zag as two neighbouring chunks (2r and 2r + 1): exact, but the last rank "

@@ -3,7 +3,8 @@
 Run by tests/lessons/test_12_long_sequences.py as `python lesson_12.py LESSON_FILE OUT_DIR`.
 The grader's stack of 3 CausalBlocks with dropout (tests/lessons/cases/lesson_12_models.py)
 runs two steps through the submission's Checkpoint (case `by_hand`) or run_block's "full"
-and "selective" (case `torch_ways`), and the case writes every gradient; then one step
+and "selective" (case `torch_ways`, also with a stack input that needs no gradient), and
+the case writes every gradient; then one step
 more of each, measured: the bytes kept after forward (the saved-tensor meter and the
 allocator), the most kept during backward, each block's forward calls, and the matmul
 FLOPs of the step. Case `by_hand_cuda` runs the two steps on one GPU, beside the stack
@@ -91,7 +92,7 @@ def by_hand_cuda(lesson):
 
 @cases.case
 def torch_ways(lesson):
-    tensors, found = {}, {"errors": {}}
+    tensors, found = {}, {"errors": {}, "frozen_none": {}, "frozen_errors": {}}
     for mode in ("full", "selective"):
         run = lambda block, x, mode=mode: lesson.run_block(block, x, mode)  # noqa: E731
         try:  # one way's crash fails that way's tests, not the other's
@@ -105,6 +106,13 @@ def torch_ways(lesson):
             found["errors"][mode] = f"{e['type']}{where}: {e['message']}"
             continue
         tensors |= {f"{mode}/{k}": v for k, v in grads.items()}
+        try:  # the stack's input needs no gradient: the blocks' parameters still get theirs
+            frozen = m.gradients(SEED, run, frozen=True)
+            found["frozen_none"][mode] = sorted(k for k, g in frozen.items() if g is None)
+            tensors |= {f"{mode}/frozen/{k}": v for k, v in frozen.items() if v is not None}
+        except Exception as err:  # noqa: BLE001 - the submission's failure, recorded
+            e = _error(err, cases.lesson_file)
+            found["frozen_errors"][mode] = f"{e['type']}: {e['message']}"
     found["none"] = _measure(lambda block, x: block(x))
     return Tensors(tensors, found)
 

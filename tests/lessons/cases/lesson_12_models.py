@@ -42,9 +42,10 @@ def inputs(seed: int, step: int, device: str = "cpu"):
     return x.to(device), w.to(device)
 
 
-def step(stack, run, x, w):
-    """One forward and backward through the stack, each block run by run(block, x)."""
-    x = x.clone().requires_grad_()
+def step(stack, run, x, w, frozen: bool = False):
+    """One forward and backward through the stack, each block run by run(block, x); with
+    `frozen`, the stack's input needs no gradient (data straight from a loader)."""
+    x = x.clone().requires_grad_(not frozen)
     out = x
     for block in stack:
         out = run(block, out)
@@ -52,20 +53,21 @@ def step(stack, run, x, w):
     return x
 
 
-def gradients(seed: int, run=None, device: str = "cpu") -> dict:
-    """Every parameter's and the input's gradient, each of STEPS steps, the random stream
-    (the CPU's and every GPU's) seeded once before the first: {f"{step}/{name}": tensor},
-    on the CPU."""
+def gradients(seed: int, run=None, device: str = "cpu", frozen: bool = False) -> dict:
+    """Every parameter's and the input's gradient (none where `frozen`), each of STEPS
+    steps, the random stream (the CPU's and every GPU's) seeded once before the first:
+    {f"{step}/{name}": tensor}, on the CPU; a parameter without a gradient maps to None."""
     run = run or (lambda block, x: block(x))
     stack = blocks(seed, device)
     torch.manual_seed(seed + 1)
     found = {}
     for s in range(1, STEPS + 1):
-        x = step(stack, run, *inputs(seed, s, device))
-        found[f"{s}/input"] = x.grad.cpu()
+        x = step(stack, run, *inputs(seed, s, device), frozen=frozen)
+        if not frozen:
+            found[f"{s}/input"] = x.grad.cpu()
         for i, block in enumerate(stack):
             for name, p in block.named_parameters():
-                found[f"{s}/{i}.{name}"] = p.grad.cpu().clone()
+                found[f"{s}/{i}.{name}"] = None if p.grad is None else p.grad.cpu().clone()
                 p.grad = None
     return found
 
