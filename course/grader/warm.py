@@ -193,6 +193,17 @@ def grade_once(args: list[str]) -> int:
     return _grade(args)
 
 
+# pytest's options for a grading in one process: no cache in the student's folder, no xdist,
+# and none of the plugins a grading never uses, each costly in every grading's start (2
+# cores, idle, in a warm fork, measured 2026-12-07): anyio's imports its event loops and
+# platformdirs' its package, both rewritten by pytest (0.4 s); xdist's looponfail brings
+# xdist back in; unraisableexception's clean-up runs gc.collect twice over torch's (0.38 s).
+ONE_PROCESS = [
+    *("-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:xdist.looponfail"),
+    *("-p", "no:anyio", "-p", "no:platformdirs", "-p", "no:unraisableexception"),
+]
+
+
 def one_process(command: list[str]) -> list[str]:
     """`command`, a `python -m pytest ...` grading without xdist, run by grade_once."""
     return [sys.executable, "-m", "course.grader.warm", "--once", *_pytest_args(command)]

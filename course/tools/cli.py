@@ -84,13 +84,16 @@ def grade_command(
         if not found:
             raise FileNotFoundError(f"lesson {lesson.number} has no tests in tests/")
         files += [str(f) for f in found]
-    command = [sys.executable, "-m", "pytest", *files, f"--impl={impl}", "-p", "no:cacheprovider"]
-    command += ["-q", "--no-header", "-rN"]
+    command = [sys.executable, "-m", "pytest", *files, f"--impl={impl}", "-q", "--no-header", "-rN"]
     if grade_json:
         command.append(f"--grade-json={grade_json}")
     if keyword:
         command += ["-k", keyword]
-    return command + (["-n", str(workers)] if workers else ["-p", "no:xdist"])
+    if workers:
+        return command + ["-n", str(workers)]
+    from course.grader.warm import ONE_PROCESS
+
+    return command + ONE_PROCESS
 
 
 def _grade(args) -> int:

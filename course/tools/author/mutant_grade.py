@@ -38,8 +38,10 @@ def command(lesson, impl: str, file: str) -> list[str]:
     """The pytest command that grades the tests of `lesson` that read `file`: all of them
     for the main file, those marked with it for another."""
     files = [str(f) for f in registry.tests(lesson)]
+    from course.grader.warm import ONE_PROCESS
+
     words = [sys.executable, "-m", "pytest", *files, f"--impl={impl}", "-x", "-q",
-             "--no-header", "-p", "no:cacheprovider", "-p", "no:xdist"]  # fmt: skip
+             "--no-header", *ONE_PROCESS]  # fmt: skip
     if file != lesson.script:
         names = [n for f in registry.tests(lesson) for n in reading(f, file)]
         if names:

@@ -48,7 +48,7 @@ def grade(grader, tmp_path, files, *options, timeout=300):
     """Run the grader on `files`; return (results.json as a dict, RunResult)."""
     results = tmp_path / "results.json"
     args = [sys.executable, "-m", "pytest", *map(str, files), f"--grade-json={results}"]
-    args += ["-p", "no:cacheprovider", "-p", "no:xdist", "-q", *options]
+    args += [*warm.ONE_PROCESS, "-q", *options]
     run = grader.run(args, timeout=timeout, cwd=REPO_ROOT)
     assert not run.timed_out, run.describe()
     assert results.exists(), run.describe()
