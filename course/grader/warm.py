@@ -198,10 +198,10 @@ def grade_once(args: list[str]) -> int:
 # cores, idle, in a warm fork, measured 2026-12-07): anyio's imports its event loops and
 # platformdirs' its package, both rewritten by pytest (0.4 s); xdist's looponfail brings
 # xdist back in; unraisableexception's clean-up runs gc.collect twice over torch's (0.38 s).
-ONE_PROCESS = [
+ONE_PROCESS = (
     *("-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:xdist.looponfail"),
     *("-p", "no:anyio", "-p", "no:platformdirs", "-p", "no:unraisableexception"),
-]
+)
 
 
 def one_process(command: list[str]) -> list[str]:

@@ -93,7 +93,7 @@ def grade_command(
         return command + ["-n", str(workers)]
     from course.grader.warm import ONE_PROCESS
 
-    return command + ONE_PROCESS
+    return [*command, *ONE_PROCESS]
 
 
 def _grade(args) -> int:
