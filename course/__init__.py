@@ -31,6 +31,7 @@ where a new helper goes (tests/course/test_layout.py checks this map against the
                      imported torch (protocol, client, zygote, child, pool)
 
   course/grader/     everything that grades a submission (python -m course grade)
+    grading          one grading as data (tests, submission, options) and its commands
     plugin           the pytest plugin's hooks: options, setup, timeouts, reports
     fixtures         what the lesson tests use: impl, backend, launcher, run_script
     gradebook        the grade: points, the table, the Gradescope JSON
@@ -44,7 +45,9 @@ where a new helper goes (tests/course/test_layout.py checks this map against the
     judge            numbers the grader computes itself (accuracy, reference weights)
     warm             a warm grading server: one fork per grading
     tolerances       bounds declared by the tests, measured by `course tolerances`
-    the grading kit, how a by-hand exercise is done (docs/contributing.md):
+
+  course/measure/    the measuring kit, how a by-hand exercise is done (docs/contributing.md);
+                     the grader, the probes and the tools use it, it uses none of them
     comm             every collective and message a rank issues, below the Python API
     meter            the most bytes a rank's allocator held during a call
     tripwires        library shortcuts (ZeroRedundancyOptimizer, fully_shard, ...) noted
@@ -56,7 +59,7 @@ where a new helper goes (tests/course/test_layout.py checks this map against the
                      entry point, installs them: course.launch puts _site on PYTHONPATH)
     write_log, batch_log, weight_log, ddp_log, connect_log: what a rank did
     optimizer_log    which optimizer classes stepped (a flag that picks one, seen working)
-    comm_log         every collective and message of each rank (grader's recorder)
+    comm_log         every collective and message of each rank (the kit's recorder)
     rank_output      each rank's stdout and stderr in a file of its own
     chaos            faults on purpose: kill a rank at a step, or mid-write, a late or
                      swapped collective, slow store reads
@@ -79,6 +82,7 @@ where a new helper goes (tests/course/test_layout.py checks this map against the
 
 The rules are tested (tests/course/test_layout.py): lessons import only the top level;
 the top level holds only what they import and the registry, and imports nothing below it;
+the folders import down their layering only (top, measure, probes, launch, grader, tools);
 launch/ is imported by the grader, the tools and the probes' entry point only; probes
 import nothing heavy when they load; no import cycles; no module over 400 lines; no
 module writes another's globals or shares mutable state across folders; no module names

@@ -23,8 +23,9 @@ import pytest
 
 import course
 from course import atomic, launch, registry
-from course.grader import draws
 from course.grader.rules import LESSON_PROPERTY, POINTS_PROPERTY, lesson_of
+from course.launch.warm import pool
+from course.measure import draws
 
 NOT_FINISHED = "did not finish: the test process crashed or was stopped"
 
@@ -141,7 +142,7 @@ class GradeBook:
     def pytest_sessionfinish(self, session):
         yield  # after every other plugin's session end (xdist stops its workers there)
         # Nothing a submission started may outlive the grading and touch the file.
-        launch.stop_zygotes()  # course/launch/warm/: they end their children themselves
+        pool.stop_zygotes()  # course/launch/warm/: they end their children themselves
         launch.kill_descendants()
         if self.path:
             self.write()

@@ -26,10 +26,12 @@ from pathlib import Path
 import pytest
 
 from course import launch, registry
-from course.grader import draws, launches, rules
+from course.grader import launches, rules
 from course.grader.gradebook import GradeBook
 from course.grader.imports import IMPORT_DEADLINE_S, exercises_of, import_check_for
 from course.grader.rules import LESSON_PROPERTY, MARKERS_PROPERTY, POINTS_PROPERTY, lesson_of
+from course.launch.warm import pool  # noqa: F401 - a grading's launches start warm
+from course.measure import draws
 
 # The fixtures and markers of the lesson tests (impl, backend, launcher, run_script).
 pytest_plugins = ("course.grader.fixtures",)
@@ -61,7 +63,7 @@ def pytest_configure(config):
         raise pytest.UsageError(str(err)) from None
     launch.become_subreaper()  # orphans of the children come back to us, to be killed
     # Set here, in the controller, before xdist starts its workers: they and every child
-    # draw the same configurations (course/grader/draws.py).
+    # draw the same configurations (course/measure/draws.py).
     config.course_seed = draws.choose_seed()
     if hasattr(config, "workerinput"):
         return  # an xdist worker: the controller keeps the grade

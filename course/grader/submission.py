@@ -2,7 +2,8 @@
 be broken into one line that says what is wrong; and keep what only the grader may use
 out of its reach.
 
-The grader's own code (course.grader: its counters, recorder and meter) and everything in
+The grader's own code (course.grader, and its kit course.measure: the counters, the recorder
+and the meter) and everything in
 the course's tests/ folder (the grader's models, which compute the answers) are refused to
 code in the submission's folder: importing one raises ImportError naming the shortcut. The
 case child that runs a submission is a fresh process (course/grader/case_runs.py), not a
@@ -18,7 +19,10 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
+from course import measure
+
 TESTS = Path(__file__).resolve().parents[2] / "tests"
+GRADER_ONLY = (__package__, measure.__name__)  # the grader and its measuring kit
 
 
 class LessonError(Exception):
@@ -60,8 +64,8 @@ class GraderOnly:
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
         if (
-            name == "course.grader"
-            or name.startswith("course.grader.")
+            name in GRADER_ONLY
+            or name.startswith(tuple(f"{package}." for package in GRADER_ONLY))
             or (origin is not None and origin.is_relative_to(TESTS))
         ):
             raise ImportError(

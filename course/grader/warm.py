@@ -12,11 +12,11 @@ reaches the next. The caller keeps the deadline and kills the child's whole grou
 exactly as `launch.run` does, and gets the same `launch.RunResult`.
 
     with warm.Server(root) as server:
-        result = server.run(command, timeout=300, cwd=root)
+        result = server.run(grading, timeout=300, cwd=root)
 
-`command` is a whole `python -m pytest ...` command (the one `python -m course grade` runs): its
-pytest arguments are what the child runs, and the server starts it the ordinary way if
-the server cannot (it died, or this platform cannot fork).
+`grading` (course/grader/grading.py) is what `python -m course grade` runs: its pytest
+arguments are what the child runs, and the server starts its command the ordinary way
+if the server cannot (it died, or this platform cannot fork).
 """
 
 from __future__ import annotations
@@ -31,9 +31,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from course import launch
 from course.launch import deadline
+from course.launch.warm import pool  # the gradings' launches start warm
+
+if TYPE_CHECKING:
+    from course.grader.grading import Grading
 
 # What a lesson's tests import, loaded once in the server (not the test modules, the
 # conftest or course.grader.plugin: pytest imports those itself, to rewrite their asserts).
@@ -43,7 +48,7 @@ PRELOAD = (
     "pytest",
     "torch",
     "torch.distributed",
-    "torch._dynamo",  # for the gradings' zygotes (launch.fork_zygote): 3 s each, else
+    "torch._dynamo",  # for the gradings' zygotes (pool.fork_zygote): 3 s each, else
     "torch.multiprocessing",
     "torch.utils.data",
 )
@@ -92,7 +97,7 @@ def _grade(args: list[str]) -> int:
     pytest starts: torch and torch._dynamo imported already, and nothing of pytest's run."""
     import pytest
 
-    launch.fork_zygote()
+    pool.fork_zygote()
     return pytest.main(args)
 
 
@@ -134,12 +139,13 @@ class Server:
             return json.loads(line) if line else None
         return None
 
-    def run(self, command: list[str], *, timeout: float, cwd: str | Path) -> launch.RunResult:
-        """`launch.run(command, timeout=timeout, cwd=cwd, course_root=root)`, warm."""
+    def run(self, grading: Grading, *, timeout: float, cwd: str | Path) -> launch.RunResult:
+        """`launch.run(grading.command(), timeout=timeout, cwd=cwd, course_root=root)`, warm."""
+        command = grading.command()
         if self.proc is None or self.proc.poll() is not None:
             return launch.run(command, timeout=timeout, cwd=cwd, env=self.env,
                               course_root=self.root)  # fmt: skip
-        args = _pytest_args(command)
+        args = grading.pytest_args()
         start, unscaled, timeout = time.monotonic(), timeout, timeout * launch.timeout_scale()
         with tempfile.NamedTemporaryFile(prefix="course-grade-", suffix=".out") as out:
             request = {"args": args, "cwd": str(cwd), "output": out.name}
@@ -180,7 +186,8 @@ class Server:
 
 def grade_once(args: list[str]) -> int:
     """One grading in this process, with its zygote forked from it first: what `python -m
-    course grade` runs without -n (`python -m course.grader.warm --once PYTEST_ARGS`). A
+    course grade` runs without -n (`python -m course.grader.warm --once PYTEST_ARGS`, a
+    Grading's warm_command). A
     plain `python -m pytest` imports torch for the tests, and its zygote imports it again
     in an interpreter of its own: lesson 00's grading took 9.7-10.8 s of CPU that way,
     5.4-5.6 s this way (2 cores, idle, 2026-12-04). Where no zygote can be forked (GPUs, another
@@ -191,26 +198,6 @@ def grade_once(args: list[str]) -> int:
     if launch.can_fork() and protocol.allowed(launch.child_env()):
         preload()
     return _grade(args)
-
-
-# pytest's options for a grading in one process: no cache in the student's folder, no xdist,
-# and none of the plugins a grading never uses, each costly in every grading's start (2
-# cores, idle, in a warm fork, measured 2026-12-07): anyio's imports its event loops and
-# platformdirs' its package, both rewritten by pytest (0.4 s); xdist's looponfail brings
-# xdist back in; unraisableexception's clean-up runs gc.collect twice over torch's (0.38 s).
-ONE_PROCESS = (
-    *("-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:xdist.looponfail"),
-    *("-p", "no:anyio", "-p", "no:platformdirs", "-p", "no:unraisableexception"),
-)
-
-
-def one_process(command: list[str]) -> list[str]:
-    """`command`, a `python -m pytest ...` grading without xdist, run by grade_once."""
-    return [sys.executable, "-m", "course.grader.warm", "--once", *_pytest_args(command)]
-
-
-def _pytest_args(command: list[str]) -> list[str]:
-    return command[command.index("pytest") + 1 :]
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ One module per job:
     environment  the child's environment, user and resource limits
     reaper       kill a process group; adopt and kill orphans that left it
     warm/        the optional speed-up: Python processes forked from a zygote that imported
-                 torch once (protocol, client, zygote, pool)
+                 torch once (protocol, client, zygote, pool). It builds on the launcher,
+                 never the other way: a process that loads warm.pool gets warm launches
 
 The names below are loaded on first use, so that a process that only hands itself to a
 zygote (warm/client.py, from the sitecustomize of every child) imports none of this.
@@ -37,7 +38,6 @@ _EXPORTS = {
     "READY_ENV": "environment", "QUIET_ENV": "environment", "SAFE_GPU_ENV": "environment",
     "group_alive": "reaper", "kill_group": "reaper", "become_subreaper": "reaper",
     "descendants": "reaper", "kill_descendants": "reaper",
-    "fork_zygote": "warm.pool", "stop_zygotes": "warm.pool",
 }  # fmt: skip
 
 __all__ = sorted(_EXPORTS)

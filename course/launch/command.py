@@ -21,9 +21,20 @@ from pathlib import Path
 
 from course.launch import deadline as core
 from course.launch.deadline import Cancel
-from course.launch.environment import RANK_LOG_ENV, READY_ENV, child_env, child_user, limit
+from course.launch.environment import (
+    RANK_LOG_ENV,
+    READY_ENV,
+    WARM_LAUNCH_ENV,
+    WARM_SOCKET_ENV,
+    child_env,
+    child_user,
+    limit,
+)
 from course.launch.result import PG_TIMEOUT_SHARE, RunResult, timeout_scale
-from course.launch.warm import pool, protocol
+
+# The optional warm start (launch/warm/pool.py), found where a process loaded it: it builds
+# on the launcher, and the launcher never imports it (tests/course/test_layout.py).
+WARM_POOL = "course.launch.warm.pool"
 
 
 def run(
@@ -63,11 +74,13 @@ def run(
         extra[READY_ENV] = str(ready_file)
     env = child_env(extra, one_thread, course_root)
     # Warm only for the grader's one-thread launches: `course run` and `course bench`
-    # start a lesson as a student's shell would.
-    warm = pool.socket_for(env) if one_thread else None
+    # start a lesson as a student's shell would; and only where this process loaded the
+    # warm start (the grader and the tools do): the launcher never needs it.
+    pool = sys.modules.get(WARM_POOL) if one_thread else None
+    warm = pool.socket_for(env) if pool is not None else None
     if warm is not None:  # its Python processes start with torch imported (launch/warm/)
-        env[protocol.SOCKET_ENV] = warm
-        env[protocol.LAUNCH_ENV] = launch = os.urandom(8).hex()
+        env[WARM_SOCKET_ENV] = warm
+        env[WARM_LAUNCH_ENV] = launch = os.urandom(8).hex()
     start, started = time.monotonic(), time.time()
     user = child_user(cwd, log_dir, ready_file and ready_file.parent)
     ready = None  # seconds from the start to the end of the child's `import torch`

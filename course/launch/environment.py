@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 from course import REPO_ROOT
-from course.launch.warm import protocol
 
 SITE_DIR = Path(__file__).parent.parent / "probes" / "_site"
 
@@ -15,6 +14,11 @@ SITE_DIR = Path(__file__).parent.parent / "probes" / "_site"
 RANK_LOG_ENV = "COURSE_RANK_LOG_DIR"
 # The child writes when it finished importing torch here (course/probes/__init__.py).
 READY_ENV = "COURSE_READY_LOG"
+# The optional warm start's (launch/warm/): the socket of the zygote a launch's Python
+# processes hand themselves to, and the launch they belong to. Named here, where every
+# child's environment is made: a launch's child never inherits its parent's.
+WARM_SOCKET_ENV = "COURSE_WARM_SOCKET"
+WARM_LAUNCH_ENV = "COURSE_WARM_LAUNCH"
 
 # One thread per rank: several ranks on two cores otherwise fight over them.
 QUIET_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -104,8 +108,8 @@ def child_env(
     # The caller's pytest options (a --junitxml for the suite, say) are not the grade's:
     # a nested grading gets only the options its command line gives.
     env.pop("PYTEST_ADDOPTS", None)
-    env.pop(protocol.SOCKET_ENV, None)  # `run` gives a launch its own zygote, or none
-    env.pop(protocol.LAUNCH_ENV, None)
+    env.pop(WARM_SOCKET_ENV, None)  # `run` gives a launch its own zygote, or none
+    env.pop(WARM_LAUNCH_ENV, None)
     for key in [key for key in env if key.startswith("PYTEST_XDIST_")]:
         del env[key]  # a child is never the suite's xdist worker (see can_fork)
     # The lesson scripts import `course`; make that work for a student folder

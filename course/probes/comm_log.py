@@ -2,7 +2,7 @@
 
 With `COURSE_COMM_LOG=DIR` in the environment, every process that imports torch
 (course/probes/__init__.py) enters the grading kit's communication recorder
-(course/grader/comm.py) for good: a dispatcher mode that sees each c10d operator once,
+(course/measure/comm.py) for good: a dispatcher mode that sees each c10d operator once,
 whatever Python call issued it (a lesson's own `dist.send`, a library's batched
 `isend`, DTensor). Each one is appended as a JSON line to DIR/rank<R>.<pid>.jsonl:
 
@@ -25,7 +25,7 @@ LOG_ENV = "COURSE_COMM_LOG"
 
 
 def install() -> None:
-    from course.grader.comm import CommRecorder
+    from course.measure.comm import CommRecorder
     from course.probes.lines import append_line
     from course.probes.write_log import current_rank
 

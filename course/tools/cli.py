@@ -49,6 +49,7 @@ from collections.abc import Callable
 
 import course
 from course import REPO_ROOT, launch, registry
+from course.launch.warm import pool  # noqa: F401 - the tools' launches start warm
 from course.tools.author import release
 from course.tools.verbs import AUTHOR, INSTRUCTOR, STUDENT, Verb, arg, parser
 
@@ -72,38 +73,13 @@ def _run(args) -> int:
     return subprocess.call(command, env=launch.child_env(one_thread=False))
 
 
-def grade_command(
-    numbers, impl, grade_json=None, workers=0, root=REPO_ROOT, keyword=None
-) -> list[str]:
-    """The pytest command that grades lessons `numbers` (all when empty) of `impl`,
-    with the tests of the course at `root`; with `keyword`, only the tests it selects."""
-    chosen = [registry.get(n) for n in numbers] or list(registry.LESSONS)
-    files = []
-    for lesson in chosen:
-        found = registry.tests(lesson, root)
-        if not found:
-            raise FileNotFoundError(f"lesson {lesson.number} has no tests in tests/")
-        files += [str(f) for f in found]
-    command = [sys.executable, "-m", "pytest", *files, f"--impl={impl}", "-q", "--no-header", "-rN"]
-    if grade_json:
-        command.append(f"--grade-json={grade_json}")
-    if keyword:
-        command += ["-k", keyword]
-    if workers:
-        return command + ["-n", str(workers)]
-    from course.grader.warm import ONE_PROCESS
-
-    return [*command, *ONE_PROCESS]
-
-
 def _grade(args) -> int:
-    impl = args.impl
-    command = grade_command(args.lessons, impl, args.grade_json, args.workers, keyword=args.keyword)
-    if not args.workers:  # one pytest: its launches fork from it (course/grader/warm.py)
-        from course.grader import warm
+    from course.grader.grading import of_lessons
 
-        command = warm.one_process(command)
-    return subprocess.call(command, cwd=REPO_ROOT, env=launch.child_env())
+    grading = of_lessons(args.lessons, args.impl, args.grade_json, args.workers,
+                         keyword=args.keyword)  # fmt: skip
+    # One pytest, its launches forked from it (course/grader/warm.py), or xdist's workers.
+    return subprocess.call(grading.warm_command(), cwd=REPO_ROOT, env=launch.child_env())
 
 
 def _list(_args) -> int:

@@ -20,7 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 COURSE = ROOT / "course"
-FOLDERS = ("grader", "launch", "probes", "tools")
+FOLDERS = ("grader", "launch", "measure", "probes", "tools")
+# The layering, from the bottom: a folder imports only from those below it (or itself).
+LAYERS = ("top", "measure", "probes", "launch", "grader", "tools")
 
 
 def module_name(path: Path) -> str:
@@ -117,6 +119,27 @@ def test_no_import_cycles():
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+def test_no_folder_imports_from_a_folder_above_it():
+    """The folders' layering (LAYERS, bottom first): the top level, the measuring kit, the
+    probes, the launcher, the grader, the tools; each imports only from below itself.
+    Inside launch/, the optional warm start builds on the launcher: launch/warm/ may import
+    launch/'s modules, never the other way round."""
+    up = []
+    for m, p in modules().items():
+        if m == "course.__main__":  # the entry point: it dispatches to the tools
+            continue
+        for i in imports(p):
+            if LAYERS.index(folder(i)) > LAYERS.index(folder(m)):
+                up.append(f"{m} -> {i}")
+            elif _warm(i) and not _warm(m) and folder(m) == "launch":
+                up.append(f"{m} -> {i} (launch/ needs its optional warm start)")
+    assert not up, f"imports that run up the layering: {sorted(up)}"
+
+
+def _warm(module: str) -> bool:
+    return module.startswith("course.launch.warm")
 
 
 EDGE = re.compile(r"^\s*(\w+)\s*-->\s*(\w+)\s*$", re.M)

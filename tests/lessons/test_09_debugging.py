@@ -44,9 +44,9 @@ from torch.utils.data import DistributedSampler, RandomSampler
 
 from course import data, launch, memory, models, registry
 from course.grader.case_runs import run_lesson_cases
-from course.grader.draws import draw
 from course.grader.launches import needed, shared
 from course.grader.tolerances import seed, tolerance
+from course.measure.draws import draw
 from course.probes import step_clock
 from course.ranks import free_port
 

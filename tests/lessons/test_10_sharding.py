@@ -34,9 +34,9 @@ import pytest
 import torch
 
 from course import registry
-from course.grader import tripwires
 from course.grader.case_runs import run_lesson_cases
 from course.grader.tolerances import seed, tolerance
+from course.measure import tripwires
 from course.probes import optimizer_log
 
 LESSON = registry.get("10")

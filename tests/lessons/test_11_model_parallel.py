@@ -30,10 +30,10 @@ from pathlib import Path
 import pytest
 
 from course import registry
-from course.grader import tripwires
 from course.grader.case_runs import run_lesson_cases
-from course.grader.draws import draw
 from course.grader.tolerances import seed, tolerance
+from course.measure import tripwires
+from course.measure.draws import draw
 from course.probes import comm_log
 
 LESSON = registry.get("11")

@@ -28,9 +28,9 @@ import pytest
 import torch
 
 from course import registry
-from course.grader import tripwires
 from course.grader.case_runs import run_lesson_cases
 from course.grader.tolerances import seed, tolerance
+from course.measure import tripwires
 
 LESSON = registry.get("12")
 CASES = Path(__file__).with_name("cases") / "lesson_12.py"

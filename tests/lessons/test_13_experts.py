@@ -26,10 +26,10 @@ import pytest
 import torch
 
 from course import registry
-from course.grader import tripwires
 from course.grader.case_runs import run_lesson_cases
-from course.grader.draws import draw
 from course.grader.tolerances import seed, tolerance
+from course.measure import tripwires
+from course.measure.draws import draw
 
 LESSON = registry.get("13")
 CASES = Path(__file__).with_name("cases") / "lesson_13.py"

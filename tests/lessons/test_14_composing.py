@@ -26,8 +26,8 @@ import torch
 
 from course import registry
 from course.grader.case_runs import run_lesson_cases
-from course.grader.draws import draw
 from course.grader.tolerances import seed, tolerance
+from course.measure.draws import draw
 
 LESSON = registry.get("14")
 CASES = Path(__file__).with_name("cases") / "lesson_14.py"

@@ -91,7 +91,7 @@ MUTANTS += [
         "    import course\n\n"
         "    sys.path.insert(0, str(Path(course.__file__).parents[1] / 'tests' / 'lessons' / 'cases'))\n"
         "    import lesson_15_models as grader\n\n"
-        "    from course.grader.scale import Config\n\n"
+        "    from course.measure.scale import Config\n\n"
         "    c = Config(par.pp, par.dp, par.tp, model.depth, model.dim, model.vocab, model.seq, "
         "par.batch, par.micro_batches, par.schedule, model.hidden)\n"
         "    return grader.held(c, stage, dp_rank)\n"
@@ -104,11 +104,11 @@ MUTANTS += [
         why="traffic() measured by the grader's counting code on a fake world of that size",
         old="    ### BEGIN SOLUTION\n    m = par.micro_batches\n",
         new="    ### BEGIN SOLUTION\n"
-        "    from course.grader import scale\n\n"
+        "    from course.measure import scale\n\n"
         "    del scale\n"
         "    m = par.micro_batches\n",
         caught_by="activations",
-        says=["course.grader.scale is the grader's own code"],
+        says=["course.measure.scale is the grader's own code"],
     ),
 ]
 

@@ -31,9 +31,9 @@ import pytest
 
 from course import REPO_ROOT, launch, registry
 from course.grader import rules, warm
+from course.grader.grading import of_lessons
 from course.tools.author import mutants, release
 from course.tools.author.mutants import MUTANT_DIR, load
-from course.tools.cli import grade_command
 
 
 def cases(kind: str):
@@ -60,11 +60,11 @@ CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
 
 
 def grade(grader: warm.Server, number: str, impl: Path, *options: str, gpus: int = 0):
-    command = grade_command([number], impl, root=grader.root)
+    grading = of_lessons([number], impl, root=grader.root).with_options(*options)
     if gpus:  # the GPUs visible: not the warm server's environment
-        return launch.run([*command, *options], timeout=300, cwd=grader.root,
+        return launch.run(grading.command(), timeout=300, cwd=grader.root,
                           course_root=grader.root)  # fmt: skip
-    return grader.run([*command, *options], timeout=300, cwd=grader.root)
+    return grader.run(grading, timeout=300, cwd=grader.root)
 
 
 def _visible_gpus() -> int:

@@ -10,9 +10,11 @@ import socket
 import struct
 import sys
 
-SOCKET_ENV = "COURSE_WARM_SOCKET"
+# The protocol's variables, named where every child's environment is made (see pool.drain)
+from course.launch.environment import WARM_LAUNCH_ENV as LAUNCH_ENV  # noqa: F401
+from course.launch.environment import WARM_SOCKET_ENV as SOCKET_ENV  # noqa: F401
+
 SWITCH_ENV = "COURSE_WARM_START"
-LAUNCH_ENV = "COURSE_WARM_LAUNCH"  # names the launch a child belongs to (see drain)
 # A zygote serves a process only if their environments are equal, but for these: what a
 # launch sets for each rank and what is read only after start-up (not by `import torch`).
 PER_LAUNCH = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from course import REPO_ROOT, atomic, launch, registry
 from course.grader import tolerances
-from course.grader.warm import ONE_PROCESS
+from course.grader.grading import Grading
 from course.tools.author import mutants
 from course.tools.author.tolerance_store import (
     RECORD,
@@ -112,8 +112,7 @@ def measure(picked: list[tolerances.Tolerance], impl: Path, limit: int | None,
             nodes = [f"{root / file}::{name}" for name in tests]
             with tempfile.TemporaryDirectory() as tmp:
                 log = Path(tmp) / "notes.jsonl"
-                command = [sys.executable, "-m", "pytest", *nodes, f"--impl={impl}", "-q",
-                           "--no-header", *ONE_PROCESS]  # fmt: skip
+                command = Grading(tuple(nodes), str(impl)).command()
                 env = {tolerances.SEED_ENV: str(s), tolerances.LOG_ENV: str(log), "TMPDIR": tmp}
                 with busy_loops(busy):
                     run = launch.run(command, timeout=DEADLINE_S, cwd=root, env=env)
@@ -162,8 +161,7 @@ def measure_mistakes(picked: list[tolerances.Tolerance], root: Path = REPO_ROOT,
         with tempfile.TemporaryDirectory() as tmp:
             impl = mutants.apply(Path(tmp), file, case, root)
             log = Path(tmp) / "notes.jsonl"
-            command = [sys.executable, "-m", "pytest", *nodes, f"--impl={impl}", "-q",
-                       "--no-header", *ONE_PROCESS]  # fmt: skip
+            command = Grading(tuple(nodes), str(impl)).command()
             env = {tolerances.LOG_ENV: str(log), "TMPDIR": tmp}
             with busy_loops(max(t.busy for t in hit)):
                 run = launch.run(command, timeout=DEADLINE_S, cwd=root, env=env)

@@ -38,15 +38,14 @@ def command(lesson, impl: str, file: str) -> list[str]:
     """The pytest command that grades the tests of `lesson` that read `file`: all of them
     for the main file, those marked with it for another."""
     files = [str(f) for f in registry.tests(lesson)]
-    from course.grader.warm import ONE_PROCESS
+    from course.grader.grading import Grading
 
-    words = [sys.executable, "-m", "pytest", *files, f"--impl={impl}", "-x", "-q",
-             "--no-header", *ONE_PROCESS]  # fmt: skip
+    grading = Grading(tuple(files), str(impl), ("-x",))
     if file != lesson.script:
         names = [n for f in registry.tests(lesson) for n in reading(f, file)]
         if names:
-            words += ["-k", " or ".join(names)]
-    return words
+            grading = grading.with_options("-k", " or ".join(names))
+    return grading.command()
 
 
 def grade(argv: list[str]) -> int:

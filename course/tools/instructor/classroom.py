@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from course import REPO_ROOT, launch, registry
+from course.grader.grading import Grading
 
 # Minutes a lesson's step may take on GitHub's hosted runner (2 or 4 cores; a lesson grades
 # in under 45 s on 2): the command grader stops the step at the limit, worth 0.
@@ -83,8 +83,8 @@ def cpu_points(numbers: list[str]) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "points.json"
         files = [str(f) for n in numbers for f in registry.tests(n)]
-        command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
-        command += ["-p", "no:xdist", "-p", "course.tools.instructor.classroom", *files]
+        points = ("--collect-only", "-p", "course.tools.instructor.classroom")
+        command = Grading(tuple(files), options=points).command()
         run = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
                              env={**launch.child_env(), POINTS_FILE_ENV: str(out)})  # fmt: skip
         if run.returncode != 0 or not out.exists():

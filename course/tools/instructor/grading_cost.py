@@ -40,14 +40,13 @@ def _cpu_seconds() -> float:
 
 
 def grade_lesson(number: str, impl: Path) -> dict:
-    from course.grader import warm
-    from course.tools.cli import grade_command
+    from course.grader.grading import of_lessons
 
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "results.json"
         cpu = _cpu_seconds()
         run = launch.run(
-            warm.one_process(grade_command([number], impl, results)), timeout=DEADLINE_S, cwd=tmp,
+            of_lessons([number], impl, results).warm_command(), timeout=DEADLINE_S, cwd=tmp,
             env={"TMPDIR": tmp},
         )  # fmt: skip
         cpu = _cpu_seconds() - cpu

@@ -78,7 +78,7 @@ def _timed_rank(rank, world, backend, port, shape, steps, model, out) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from course import ranks
-    from course.grader.scale import Config, build, step
+    from course.measure.scale import Config, build, step
 
     device = ranks.join_local(rank, world, backend, port)
     torch.set_num_threads(ranks.cpu_share(world))

@@ -7,7 +7,7 @@ so does its matmul FLOPs per token; attention's own activations and its seq² FL
 not modeled. Training is float32 with AdamW, as everywhere in the course.
 
 --check steps the chosen mesh once, as one rank of a fake world of that size
-(course/grader/scale.py), at a shorter sequence (--check-seq: the weights are full size;
+(course/measure/scale.py), at a shorter sequence (--check-seq: the weights are full size;
 bytes that scale with tokens are predicted again for that sequence), and prints what was
 counted next to what plan.py predicts.
 """
@@ -67,9 +67,9 @@ GPUS = {
 }  # fmt: skip
 RATE = "rated FP32 peak (NVIDIA's datasheet), times --efficiency (stated, not measured)"
 
-# peak() / the peak torch's MemTracker tracked in the program (course/grader/scale.py,
+# peak() / the peak torch's MemTracker tracked in the program (course/measure/scale.py,
 # tracked_peak), at most and at least, over every stage of six meshes of 64 to 1024 ranks
-# (both schedules, tp 1 to 4; measured 2026-12-07; tests/course/grader/test_scale.py
+# (both schedules, tp 1 to 4; measured 2026-12-07; tests/course/measure/test_scale.py
 # checks three of them). It misses most in middle stages, whose sends keep each
 # micro-batch's output and input gradient alive until the step ends.
 TRACKED = (0.70, 1.18)
@@ -86,7 +86,7 @@ FLOAT = 4  # bytes: the program trains in float32
 
 def peak(plan, model, par, stage: int) -> int:
     """The bytes a rank of `stage` (dp rank 0: the largest shards) holds at its step's peak in
-    the program (course/grader/scale.py), from plan.py's own terms, as torch's MemTracker
+    the program (course/measure/scale.py), from plan.py's own terms, as torch's MemTracker
     sees it. Beyond what plan.held() and plan.activations() count: AdamW's step counts (4
     bytes a tensor); every unit's whole (tp-local) weights, which FSDP2 keeps gathered from
     the first forward to the last backward (reshard_after_forward=False); the whole
@@ -189,7 +189,7 @@ def check(plan, model, par, seq: int, rank_: int) -> str:
     counted, bytes, for that rank."""
     import warnings
 
-    from course.grader.scale import Config, count, fake_world
+    from course.measure.scale import Config, count, fake_world
 
     warnings.filterwarnings("ignore")
     short = plan.Model(model.vocab, model.dim, model.depth, seq, model.hidden)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from course.grader import draws
+from course.measure import draws
 
 CASES = Path(__file__).parents[2] / "lessons" / "cases"
 sys.path.insert(0, str(CASES))

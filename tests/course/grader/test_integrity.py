@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from course import REPO_ROOT, launch, registry
-from course.tools.cli import grade_command
+from course.grader.grading import of_lessons
 
 GRADED = ("00", "03")
 
@@ -190,7 +190,7 @@ def grade(
     """Grade lessons `numbers` on `impl` from the course at `root`; the totals of the
     table and of the file (read again a second later: nothing may rewrite it)."""
     results = tmp_path / "results.json"
-    args = [*grade_command(numbers, impl, results, workers, root=root), *extra]
+    args = of_lessons(numbers, impl, results, workers, root=root).with_options(*extra).command()
     run = launch.run(args, timeout=timeout, cwd=root, env=env, course_root=root)
     assert not run.timed_out, run.describe()
     table = re.search(r"^total\s+([\d.]+)/([\d.]+)", run.output, re.M)

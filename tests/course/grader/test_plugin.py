@@ -21,6 +21,7 @@ import pytest
 import course
 from course import REPO_ROOT, launch, registry
 from course.grader import warm
+from course.grader.grading import Grading
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +48,8 @@ def waited_the_short_deadline(reason: str) -> bool:
 def grade(grader, tmp_path, files, *options, timeout=300):
     """Run the grader on `files`; return (results.json as a dict, RunResult)."""
     results = tmp_path / "results.json"
-    args = [sys.executable, "-m", "pytest", *map(str, files), f"--grade-json={results}"]
-    args += [*warm.ONE_PROCESS, "-q", *options]
-    run = grader.run(args, timeout=timeout, cwd=REPO_ROOT)
+    grading = Grading(tuple(map(str, files)), options=(f"--grade-json={results}", *options))
+    run = grader.run(grading, timeout=timeout, cwd=REPO_ROOT)
     assert not run.timed_out, run.describe()
     assert results.exists(), run.describe()
     return json.loads(results.read_text()), run

@@ -61,7 +61,7 @@ def test_the_graders_own_modules_are_refused_to_a_submission(tmp_path, monkeypat
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the guard leaves with the test
     cases = REPO_ROOT / "tests" / "lessons" / "cases"
     for body, name in (
-        ("from course.grader import scale\n", "course.grader.scale"),
+        ("from course.measure import scale\n", "course.measure.scale"),
         (f"import sys\nsys.path.insert(0, {str(cases)!r})\nimport lesson_13_models\n",
          "lesson_13_models"),
     ):  # fmt: skip
@@ -69,12 +69,12 @@ def test_the_graders_own_modules_are_refused_to_a_submission(tmp_path, monkeypat
         folder.mkdir()
         (folder / "lesson.py").write_text(body)
         monkeypatch.delitem(sys.modules, name, raising=False)
-        if name == "course.grader.scale":  # as in a case child, where it was never imported
-            import course.grader
+        if name == "course.measure.scale":  # as in a case child, where it was never imported
+            import course.measure
 
-            monkeypatch.delattr(course.grader, "scale", raising=False)
+            monkeypatch.delattr(course.measure, "scale", raising=False)
         with pytest.raises(submission.LessonError) as err:
             submission.load(folder / "lesson.py")
         assert f"{name} is the grader's own code" in str(err.value), err.value
-    monkeypatch.delitem(sys.modules, "course.grader.scale", raising=False)
-    import course.grader.scale  # noqa: F401 - the grader's own import is not refused
+    monkeypatch.delitem(sys.modules, "course.measure.scale", raising=False)
+    import course.measure.scale  # noqa: F401 - the grader's own import is not refused

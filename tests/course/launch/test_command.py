@@ -309,3 +309,23 @@ def test_a_hangs_report_says_what_was_seen_and_points_only_to_lines_it_shows():
                        rank_logs={"rank 0": "waiting in recv"})  # fmt: skip
     text = logged.describe()
     assert HANG_WHERE in text and "waiting in recv" in text and HANG_NO_LINES not in text, text
+
+
+def test_the_launcher_works_without_its_optional_warm_start():
+    """launch/warm/ builds on the launcher, never the other way: a process that never
+    loads the warm start launches cold, and nothing of launch/warm/ is imported."""
+    code = textwrap.dedent(
+        """
+        import sys
+        from course import launch
+        result = launch.run([sys.executable, "-c", "import os; print(os.environ.get('X'))"],
+                            timeout=60, cwd=".", env={"X": "cold"})
+        print(result.output.strip(), result.ok)
+        print(sorted(m for m in sys.modules if m.startswith("course.launch.warm")))
+        """
+    )
+    # The child itself starts cold: a zygote's fork holds the warm start's modules.
+    env = {"COURSE_WARM_START": "0"}
+    result = launch.run([sys.executable, "-c", code], timeout=120, cwd=REPO_ROOT, env=env)
+    assert result.ok, result.describe()
+    assert result.output.split("\n")[:2] == ["cold True", "[]"], result.output

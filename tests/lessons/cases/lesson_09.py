@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from course import data, launch, memory, models, ranks
 from course.grader import submission
 from course.grader.cases import Cases, Tensors
-from course.grader.draws import draw, shuffled
 from course.grader.tolerances import seed
+from course.measure.draws import draw, shuffled
 
 cases = Cases()
 OOM_BATCH, OOM_MICRO, OOM_SMALL, OOM_STEPS, OOM_SEED = 1000, 128, 50, 3, seed(5)

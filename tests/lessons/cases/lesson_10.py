@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lesson_10_models as m  # noqa: E402
 
 from course.grader.cases import Cases, Tensors  # noqa: E402
-from course.grader.tripwires import Tripwires, naming_shortcuts  # noqa: E402
+from course.measure.tripwires import Tripwires, naming_shortcuts  # noqa: E402
 
 # What would do ZeRO for the student: PyTorch's own stage 1, or FSDP.
 LIBRARY = ("ZeroRedundancyOptimizer", "FullyShardedDataParallel", "fully_shard")

@@ -11,7 +11,7 @@ and the bytes of every tensor reachable from the MiniFSDP object (its parameters
 their gradients included).
 
 Every collective the submission issues is recorded below the Python API by the grading
-kit's CommRecorder (course/grader/comm.py), whatever the call's form: its kind, the phase
+kit's CommRecorder (course/measure/comm.py), whatever the call's form: its kind, the phase
 (forward, backward, finish), its dtype and size. Wrappers of the Python functions,
 installed before the submission is loaded, only note when an async one was waited for.
 A forward hook of the grader's on every layer that holds a 2-D weight, run before the
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lesson_10_models as m  # noqa: E402
 
 from course.grader.cases import Cases, Tensors  # noqa: E402
-from course.grader.comm import CommRecorder  # noqa: E402
+from course.measure.comm import CommRecorder  # noqa: E402
 
 cases = Cases()
 

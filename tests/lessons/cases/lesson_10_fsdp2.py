@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lesson_10_models as m  # noqa: E402
 
 from course.grader.cases import Cases, Tensors  # noqa: E402
-from course.grader.comm import CommRecorder  # noqa: E402
+from course.measure.comm import CommRecorder  # noqa: E402
 
 cases = Cases()
 

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lesson_11_models as m  # noqa: E402
 
 from course.grader.cases import Cases, Tensors  # noqa: E402
-from course.grader.comm import CommRecorder  # noqa: E402
-from course.grader.tripwires import PIPELINING, Tripwires, naming_shortcuts  # noqa: E402
+from course.measure.comm import CommRecorder  # noqa: E402
+from course.measure.tripwires import PIPELINING, Tripwires, naming_shortcuts  # noqa: E402
 
 cases = Cases()
 SCHEDULES = ("gpipe", "1f1b", "torch-gpipe", "torch-1f1b")

@@ -24,7 +24,7 @@ import lesson_12_models as m  # noqa: E402
 
 from course import memory  # noqa: E402
 from course.grader.cases import Cases, Tensors, _error  # noqa: E402
-from course.grader.tripwires import Tripwires  # noqa: E402
+from course.measure.tripwires import Tripwires  # noqa: E402
 
 cases = Cases()
 REQUIRES = ("Checkpoint", "run_block", "policy")

@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lesson_13_models as m  # noqa: E402
 
 from course.grader.cases import Cases, Tensors  # noqa: E402
-from course.grader.comm import CommRecorder  # noqa: E402
-from course.grader.draws import draw  # noqa: E402
 from course.grader.tolerances import seed  # noqa: E402
-from course.grader.tripwires import DIFFERENTIABLE_ALL_TO_ALL, Tripwires, naming_shortcuts  # noqa: E402
+from course.measure.comm import CommRecorder  # noqa: E402
+from course.measure.draws import draw  # noqa: E402
+from course.measure.tripwires import DIFFERENTIABLE_ALL_TO_ALL, Tripwires, naming_shortcuts  # noqa: E402
 
 cases = Cases()
 REQUIRES = ("ExpertParallel", "AllToAll", "groups", "average_gradients")

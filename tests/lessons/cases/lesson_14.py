@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lesson_14_models as m  # noqa: E402
 
 from course.grader.cases import Cases, Tensors  # noqa: E402
-from course.grader.comm import CommRecorder  # noqa: E402
-from course.grader.draws import draw  # noqa: E402
 from course.grader.tolerances import seed  # noqa: E402
+from course.measure.comm import CommRecorder  # noqa: E402
+from course.measure.draws import draw  # noqa: E402
 
 cases = Cases()
 REQUIRES = ("make_mesh", "stage_of", "parallelize", "pipeline")

@@ -1,7 +1,7 @@
 """The grader's own cost model for lesson 15, written apart from the reference solution.
 
-Byte counts here are checked against the program itself (course/grader/scale.py counts one
-rank of a fake world): tests/course/grader/test_scale.py. The step time and the three
+Byte counts here are checked against the program itself (course/measure/scale.py counts one
+rank of a fake world): tests/course/measure/test_scale.py. The step time and the three
 questions follow the page's α-β model, term by term, and are the grader's answers for the
 hidden configurations of tests/lessons/test_15_planning.py.
 
@@ -17,8 +17,8 @@ import math
 import torch
 
 from course import models
-from course.grader import draws
-from course.grader.scale import Config, cuts
+from course.measure import draws
+from course.measure.scale import Config, cuts
 
 F32 = 4
 

@@ -2,7 +2,7 @@
 misbehaves and the order of messages a test plants are drawn from one seed per grading,
 which the grade prints, so that a failure can be replayed.
 
-    from course.grader.draws import draw
+    from course.measure.draws import draw
     stages = draw("11.script_stages", (3, 4))
 
 The grading seed comes from COURSE_GRADE_SEED; the grader sets it once per grading when it

@@ -195,7 +195,7 @@ def count(config: Config) -> dict:
     bytes sent by axis and kind."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from course.grader.comm import CommRecorder
+    from course.measure.comm import CommRecorder
     from course.memory import SavedTensors
 
     shape = (config.pp, config.dp, config.tp)

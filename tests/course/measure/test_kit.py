@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from course import REPO_ROOT
-from course.grader import comm, draws, tripwires
-from course.grader.meter import Meter
+from course.measure import comm, draws, tripwires
+from course.measure.meter import Meter
 
 RANKS = textwrap.dedent(
     """
     import json, sys
     import torch, torch.distributed as dist, torch.multiprocessing as mp
     from course import ranks
-    from course.grader.comm import CommRecorder
+    from course.measure.comm import CommRecorder
 
     def rank(r, port, out):
         ranks.join_local(r, 2, "gloo", port)

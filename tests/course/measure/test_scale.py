@@ -1,4 +1,4 @@
-"""course/grader/scale.py: one rank of a fake world of 64 to 1024, counted, against the
+"""course/measure/scale.py: one rank of a fake world of 64 to 1024, counted, against the
 grader's own cost model (tests/lessons/cases/lesson_15_models.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from course.grader.scale import Config, count, fake_world
+from course.measure.scale import Config, count, fake_world
 
 CASES = Path(__file__).parents[2] / "lessons" / "cases"
 sys.path.insert(0, str(CASES))
@@ -45,7 +45,7 @@ PEAKS = [(0, 1), (1, 1), (3, 0)]
 _PEAK = """
 import json, math, sys, warnings
 warnings.filterwarnings("ignore")
-from course.grader.scale import Config, fake_world, tracked_peak
+from course.measure.scale import Config, fake_world, tracked_peak
 config, stage, folder = Config(**json.loads(sys.argv[1])), int(sys.argv[2]), sys.argv[3]
 sys.path.insert(0, folder)
 import plan
