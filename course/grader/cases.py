@@ -196,8 +196,9 @@ class Cases:
         except submission.LessonError as err:
             results["load_error"] = str(err)
             lesson = None
-        only = set(filter(None, os.environ.get(ONLY_ENV, "").split(",")))
-        chosen = {n: f for n, f in self.cases.items() if not only or n in only}
+        only = os.environ.get(ONLY_ENV)  # unset: every case; empty: none
+        wanted = None if only is None else set(filter(None, only.split(",")))
+        chosen = {n: f for n, f in self.cases.items() if wanted is None or n in wanted}
         for name, function in chosen.items() if lesson is not None else ():
             try:
                 value = function(lesson)

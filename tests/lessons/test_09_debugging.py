@@ -487,7 +487,7 @@ RDZV_LATE = RDZV_LATE_TIMEOUT + 5
 # A slow reader: in "world", rank 1's store reads each take this long (a rank 0 that leaves
 # before the others have read takes its store with it).
 RDZV_SLOW_READ = 1
-RDZV_NAMES = ("good", "refused", "in_use", "world", "interface", "give_up", "late")
+RDZV_NAMES = ("good", "refused", "in_use", "world", "interface", "give_up", "late", "alone")
 _rendezvous: dict = {}
 
 
@@ -498,7 +498,8 @@ def launch_rendezvous(impl, backend, tmp_path_factory, request, launcher):
     good: ranks 0 and 1 of 2; refused: rank 1 alone (nothing listens at the port); in_use:
     rank 0 on a port this process holds; world: rank 0 of 2 and rank 1 of 3, together;
     interface: rank 0 of 1 with GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME) naming no interface;
-    give_up: rank 1 alone, --give-up 2 and --timeout 10; late: ranks 0 and 1 of 2, rank 1
+    give_up: rank 1 alone, --give-up 2 and --timeout 10; alone: rank 0 of 2, rank 1 never
+    started; late: ranks 0 and 1 of 2, rank 1
     reaching its first all_reduce RDZV_LATE s late (in "world", rank 1 reads the store
     slowly)."""
 
@@ -519,6 +520,7 @@ def launch_rendezvous(impl, backend, tmp_path_factory, request, launcher):
             "interface": [(0, 1)],
             "give_up": [(1, 2)],
             "late": [(0, 2), (1, 2)],
+            "alone": [(0, 2)],
         }
         chaos = {
             "late": {"COURSE_LATE_ALL_REDUCE": f"1:{RDZV_LATE}"},
@@ -567,10 +569,13 @@ def rendezvous_store(impl, tmp_path_factory, request, launcher):
     return launch_rendezvous(impl, "gloo", tmp_path_factory, request, launcher)
 
 
-def fails_fast_in_one_line(result, setting: str, cause: str = "") -> str:
+HANGS = "init_process_group's default timeout (30 minutes)"
+
+
+def fails_fast_in_one_line(result, setting: str, cause: str = "", hangs: str = HANGS) -> str:
     """The last line of a launch that must fail within the bound, with no traceback and no
     C++ frames (PyTorch's own warnings may precede it); fails otherwise, naming `cause` if
-    it prints a traceback."""
+    it prints a traceback, and `hangs` if it is still waiting at the bound."""
     if result.timed_out:
         started = (
             f"{result.after_import:.0f} s after importing torch" if result.killed_after_import
@@ -578,8 +583,8 @@ def fails_fast_in_one_line(result, setting: str, cause: str = "") -> str:
         )  # fmt: skip
         pytest.fail(
             f"{setting}: still running {started} (--timeout {RDZV_TIMEOUT}), and killed. "
-            "Likely cause: init_process_group's default timeout (30 minutes); wait at most "
-            f"--timeout seconds for the others\n{result.describe()}",
+            f"Likely cause: {hangs}; wait at most --timeout seconds for the others\n"
+            f"{result.describe()}",
             pytrace=False,
         )
     assert result.returncode != 0, f"{setting}: the launch succeeded\n{result.describe()}"
@@ -614,6 +619,19 @@ def test_rendezvous_nobody_at_the_address_fails_fast(rendezvous_store):
     line = fails_fast_in_one_line(result, "nobody at MASTER_ADDR:MASTER_PORT")
     port = str(rendezvous_store["ports"]["refused"])
     assert "127.0.0.1" in line and port in line, f"name 127.0.0.1 and port {port}: {line}"
+
+
+@pytest.mark.exercise("rendezvous.py")
+@pytest.mark.points(1)
+@pytest.mark.needs("alone")
+def test_rendezvous_a_rank_that_never_comes_fails_fast(rendezvous_store):
+    """Rank 0 of 2 alone, rank 1 never started: rank 0 serves the store and fails within
+    the bound, in one line, rather than wait for workers that never connect."""
+    fails_fast_in_one_line(
+        rendezvous_store["alone"][0], "rank 0 of 2 with rank 1 never started",
+        hangs=f"{HANGS}, or rank 0's TCPStore waiting for its workers to connect "
+        "(wait_for_workers=True) up to the store's own timeout",
+    )  # fmt: skip
 
 
 @pytest.mark.exercise("rendezvous.py")

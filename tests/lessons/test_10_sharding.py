@@ -543,21 +543,29 @@ def test_backward_gathers_again_and_reduce_scatters_gradients(fsdp):
 @pytest.mark.core
 @pytest.mark.points(2)
 def test_the_next_layers_gather_travels_while_a_layer_computes(fsdp):
-    """From the second step on, most of forward's all-gathers are started before a layer
-    computes and waited for after it: the prefetch of the next layer's weight. An all-gather
-    started and waited for in the layer's own pre-hook overlaps nothing; one that spans two
-    layers' computations was fetched for the layer after next (a full weight held a layer
-    longer, and the next layer's gather not ahead)."""
+    """From the second step on, forward gathers each layer's weight once, and every layer
+    after the first has its all-gather started before the layer before it computes and
+    waited for after: the prefetch of the next layer's weight. An all-gather started and
+    waited for in the layer's own pre-hook overlaps nothing; one that spans two layers'
+    computations was fetched for the layer after next (a full weight held a layer longer,
+    and the next layer's gather not ahead)."""
     notes, _ = fsdp
     layers = m.weight_uses(m.build())
     for step, s in enumerate(steps(notes)[1:], start=2):
         forward = [c for c in s["calls"] if c["phase"] == "forward" and c["op"] in GATHER_OPS]
+        assert len(forward) == layers, (
+            f"step {step}: forward started {len(forward)} all-gathers for {layers} layers' "
+            "weights; expected one each. Likely causes: "
+            + ("a layer's weight gathered again (the position in the recorded order not "
+               "advanced, so one layer is prefetched over and over)" if len(forward) > layers
+               else "a layer's weight not gathered in forward")
+        )  # fmt: skip
         spans = [
             sum(c["issued"] < end < c["waited"] for end in s["ends"])
             for c in forward if c.get("waited")
         ]  # fmt: skip
         ahead, early = spans.count(1), sum(n > 1 for n in spans)
-        need = (layers - 1 + 1) // 2
+        need = layers - 1
         assert ahead >= need and not early, (
             f"step {step}: of forward's {len(forward)} all-gathers, {ahead} were in flight "
             f"while the layer before theirs computed, {early} while two or more did; "
@@ -566,6 +574,9 @@ def test_the_next_layers_gather_travels_while_a_layer_computes(fsdp):
             + (
                 "the layer after next prefetched instead of the next"
                 if early
+                else "the last layers not prefetched: the check that a next layer exists "
+                "stops short of the end of the order"
+                if 0 < ahead < need
                 else "each gather started and waited for in its own layer's pre-hook, no "
                 "async_op=True, or the next layer not known (record the order of the first "
                 "forward)"
@@ -744,9 +755,17 @@ def test_fsdp2_gathers_and_computes_in_bf16_and_reduces_in_fp32(fsdp2):
 @pytest.mark.core
 @pytest.mark.points(1)
 def test_fsdp2_reshards_after_forward_only_when_asked(fsdp2):
-    """reshard_after_forward=True: every block's parameters are shards again after forward;
-    False: they stay whole until backward."""
+    """reshard_after_forward=True: every block's parameters, and the root's own, are
+    shards again after forward; False: they stay whole until backward."""
     for setting, reshard in (("fp32", True), ("bf16", False)):
+        root = shard_notes(fsdp2, setting)["root_whole_after_forward"]
+        assert root and all(w == (not reshard) for w in root), (
+            f"shard(..., reshard_after_forward={reshard}): {sum(root)} of the root's {len(root)} "
+            f"own parameters (those no block holds) were whole after forward, expected "
+            f"{0 if reshard else len(root)}. Likely cause: reshard_after_forward not passed to "
+            "the root's fully_shard (unset, FSDP2 keeps the root's parameters whole after "
+            "forward)"
+        )
         whole = shard_notes(fsdp2, setting)["whole_after_forward"]
         expected = not reshard
         assert whole and all(w == expected for w in whole), (
@@ -847,6 +866,23 @@ def test_save_writes_each_ranks_own_shards_and_returns_once_the_folder_is_there(
         "rename was slowed by 0.5 s). Likely cause: no dist.barrier() after rank 0's "
         "rename, so another rank can go on, or read the folder, before it is in place"
     )
+
+
+@pytest.mark.exercise("fsdp2.py")
+@pytest.mark.points(1)
+def test_save_on_3_ranks_and_on_1_leaves_one_whole_checkpoint(fsdp2):
+    """After resuming on 3 ranks and on 1, save() again on that many: on every rank the
+    folder is there when save() returns, and latest() finds it. One rank renames it, and
+    it is there whatever the number of ranks."""
+    for world in (3, 1):
+        notes = fsdp2("checkpoint")[f"resume{world}"]
+        missing = [rank for rank, there in enumerate(notes["there"]) if not there]
+        assert not missing and notes["latest"] == notes["saved"], (
+            f"save() on {world} rank(s): when it returned, {notes['saved']} was missing on "
+            f"rank(s) {missing}, and latest() found {notes['latest']}. Likely cause: the "
+            "rename done by a rank that does not exist at this world size (a rank other "
+            "than 0), or by none"
+        )
 
 
 @pytest.mark.exercise("fsdp2.py")

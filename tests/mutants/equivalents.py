@@ -7,7 +7,53 @@ as the record shows it (stripped); the reason says in one line why no mesh the p
 can build tells the two apart. Kept here with the mutants: they name the reference's lines.
 """
 
+# Lesson 09's starved.py: the TODO asks for workers that prepare the next batches while
+# one trains; its hint's refinements (workers kept across epochs, a prefetch depth, pinned
+# batches for a GPU) are left to the student: DataLoader's defaults besides num_workers are
+# an honest answer (tests/mutants/lesson_09.py's alternative grades one).
+PAST_THE_TODO = (
+    "a refinement the TODO leaves to the student: DataLoader's defaults besides num_workers "
+    "are an honest loader (the alternative accumulate_by_share_and_other_honest_fixes)"
+)
+
 EQUIVALENT: dict[str, dict[str, str]] = {
+    "10": {
+        "fsdp2.py:fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard) "
+        "-> fully_shard(block, mp_policy=policy, reshard_after_forward=reshard)":
+        "the lesson's mesh is every rank on one dimension, and fully_shard's default mesh "
+        "(init_device_mesh over the world) is that mesh",
+        "fsdp2.py:fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard) "
+        "-> fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)":
+        "the lesson's mesh is every rank on one dimension, and fully_shard's default mesh "
+        "(init_device_mesh over the world) is that mesh",
+        'fsdp2.py:state = {"model": model_state, "optim": optim_state, "step": torch.tensor(0)} '
+        '-> state = {"model": model_state, "optim": optim_state, "step": torch.tensor( 1)}':
+        "dcp.load overwrites every entry of the dict it is given: the template's step is never "
+        "read",
+        'zero.py:for p in sorted(group["params"], key=lambda p: -p.numel() * p.element_size()): '
+        '-> for p in sorted(group["params"], key=lambda p: -p.numel() / p.element_size()):':
+        "every parameter of the lesson's models is float32: ordering by numel / 4 is ordering "
+        "by numel x 4",
+        'zero.py:for p in sorted(group["params"], key=lambda p: -p.numel() * p.element_size()): '
+        '-> for p in sorted(group["params"], key=lambda p: p.numel() * p.element_size()):':
+        "an honest other order: each parameter still goes to the rank that owns the fewest "
+        "bytes, so none ends more than one parameter above an even share (list scheduling, "
+        "any order), the bound the test holds; the contiguous cut alternative passes too",
+        "zero.py:self.owned_bytes[owner] += p.numel() * p.element_size() -> "
+        "self.owned_bytes[owner] += p.numel() / p.element_size()":
+        "every parameter of the lesson's models is float32: the owners compare numel / 4 as "
+        "they compare numel x 4, and choose the same rank",
+        "zero.py:index[mine[i]]: {k: v.cpu() if torch.is_tensor(v) else v for k, v in "
+        "s.items()} -> index[mine[i]]: {k: v.cpu() if not torch.is_tensor(v) else v for k, v "
+        "in s.items()}":
+        "AdamW's state holds tensors only (its step too): the other branch never runs, and on "
+        "the CPU .cpu() returns the tensor itself (GPU state would need two GPUs to tell)",
+        "zero.py:index[mine[i]]: {k: v.cpu() if torch.is_tensor(v) else v for k, v in "
+        "s.items()} -> index[mine[i]]: {k: v if torch.is_tensor(v) else v for k, v in "
+        "s.items()}":
+        "on the CPU .cpu() returns the tensor itself; state on a GPU would reach the other "
+        "ranks on the sender's device, which two GPUs are needed to tell",
+    },
     "11": {
         "pipeline.py:saved.append(forward_step(pipe, inputs[i], targets[i], m)) -> "
         "saved.append(forward_step(pipe, inputs[i], m, targets[i]))":
@@ -36,6 +82,16 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "grad holds one slot a rank, every slot the shape of slot 0: viewed as the last slot is the same shape",
     },
     "13": {
+        "experts.py:dist.all_to_all_single(out, x.contiguous(), receive, send, group=group) -> "
+        "dist.all_to_all_single(out, x, receive, send, group=group)":
+        "ExpertParallel calls it with x[tokens], a new contiguous tensor, and with the experts' "
+        "output, made by torch.cat: .contiguous() returns them unchanged",
+        "experts.py:order = experts[tokens, slots].argsort(stable=True) -> "
+        "order = experts[tokens, slots].argsort()":
+        "argsort's default is the unstable sort: the order only groups each expert's rows for "
+        "the all-to-all, and the combine scatters each row back by its token and slot",
+        "moe.py:probs = logits.softmax(-1) -> probs = logits.softmax(1)":
+        "route's logits are (tokens, experts): dimension 1 is dimension -1",
         "experts.py:dist.all_to_all_single(back, grad.contiguous(), ctx.send, ctx.receive, group=ctx.group) -> "
         "dist.all_to_all_single(back, grad, ctx.send, ctx.receive, group=ctx.group)":
         "the gradients reaching AllToAll's backward in ExpertParallel come from split's and a "
@@ -51,6 +107,64 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "top is (tokens, k): dimension 1 is dimension -1",
         "moe.py:place = ((hot.cumsum(0) - hot) * hot).sum(-1)  # earlier choices of the same expert -> place = ((hot.cumsum(0) - hot) * hot).sum(1)  # earlier choices of the same expert":
         "hot is one_hot of a flat list, (choices, experts): dimension 1 is dimension -1",
+    },
+    "09": {
+        "hang.py:common, _ = Counter(last.values()).most_common(1)[0]  # what most ranks are "
+        "stuck in -> common, _ = Counter(last.values()).most_common(1)[ -1]  # what most ranks "
+        "are stuck in":
+        "most_common(1) is a list of one pair: its last is its first",
+        'hang.py:return odd[0], common[1].split(":")[-1] -> return odd[ -1], common[1].split(":")[-1]':
+        "the lesson plants one rank out of step, so odd holds one rank: its last is its first",
+        'hang.py:return odd[0], common[1].split(":")[-1] -> return odd[0], common[1].split(":")[1]':
+        "a profiling name is backend:op with one colon (gloo:all_reduce, nccl:all_reduce): "
+        "part 1 is the last part",
+        'hang.py:last = {rank: (0, "") for rank in records}  # a rank that never started a '
+        'collective -> last = {rank: ( -1, "") for rank in records}  # a rank that never started '
+        "a collective":
+        "the empty name is no collective's: (0, '') and (-1, '') both differ from every real "
+        "entry, and from nothing else",
+        "hang.py:steps = torch.tensor([len(labels) // batch_size]) -> "
+        "steps = torch.tensor([len(labels) / batch_size])":
+        "the count is all-reduced by MIN, then int() floors it: the floor of the smallest "
+        "quotient is the smallest floor",
+        "oom.py:for x, y in zip(images.split(micro_batch), labels.split(micro_batch), "
+        "strict=True): -> for x, y in zip(images.split(micro_batch), labels.split(micro_batch), "
+        "strict=False):":
+        "images and labels have the same length: their splits pair up exactly, strict or not",
+        "oom.py:for x, y in zip(images.split(micro_batch), labels.split(micro_batch), "
+        "strict=True): -> for x, y in zip(images.split(micro_batch), labels.split(micro_batch)):":
+        "images and labels have the same length: their splits pair up exactly, strict or not",
+        "silent.py:return torch.Generator().manual_seed(seed + 1000 * dist.get_rank()) -> "
+        "return torch.Generator().manual_seed(seed + 1001 * dist.get_rank())":
+        "each rank's augmentation stream needs only to differ from the others': 1001 apart "
+        "they do, as 1000 apart",
+        "silent.py:return (counts[0] / counts[1]).item() -> return (counts[0] / counts[1])":
+        "the script formats the accuracy and the test compares its value: a 0-dim tensor "
+        "prints and compares as its float does",
+        "starved.py:ahead = dict(persistent_workers=True, prefetch_factor=4) if workers else {} "
+        "-> ahead = dict(persistent_workers=True, prefetch_factor= 5) if workers else {}":
+        "the TODO asks for workers ahead of the loop, not a depth: any prefetch_factor keeps "
+        "them ahead (the data-wait test measures the effect)",
+        "starved.py:ahead = dict(persistent_workers=True, prefetch_factor=4) if workers else {} "
+        "-> ahead = dict(persistent_workers=True, prefetch_factor= 3) if workers else {}":
+        "the TODO asks for workers ahead of the loop, not a depth: any prefetch_factor keeps "
+        "them ahead (the data-wait test measures the effect)",
+        "starved.py:ahead = dict(persistent_workers=True, prefetch_factor=4) if workers else {} "
+        "-> ahead = dict(persistent_workers=True) if workers else {}":
+        "the TODO asks for workers ahead of the loop, not a depth: DataLoader's default "
+        "prefetch_factor (2 batches a worker) keeps them ahead too",
+        "starved.py:ahead = dict(persistent_workers=True, prefetch_factor=4) if workers else {} "
+        "-> ahead = dict(persistent_workers=False, prefetch_factor=4) if workers else {}":
+        PAST_THE_TODO,
+        "starved.py:ahead = dict(persistent_workers=True, prefetch_factor=4) if workers else {} "
+        "-> ahead = dict(prefetch_factor=4) if workers else {}":
+        PAST_THE_TODO,
+        'starved.py:pin_memory=device.type == "cuda", **ahead, -> '
+        'pin_memory=device.type != "cuda", **ahead,':
+        PAST_THE_TODO,
+        "starved.py:return DataLoader( -> return DataLoader(dataset, batch_size, "
+        "sampler=sampler, num_workers=workers, **ahead)  # fmt: skip":
+        PAST_THE_TODO,
     },
     "14": {
         "compose.py:per = len(model.blocks) // stages -> per = len(model.blocks) / stages":

@@ -162,6 +162,16 @@ MUTANTS = [
         says=("s after importing torch (--timeout 3), and killed",),
     ),
     dict(
+        name="rdzv_store_waits_for_its_workers",
+        file=RDZV,
+        why="rank 0's TCPStore waits for every worker to connect: a rank that never comes "
+        "keeps it there for the store's own timeout (5 minutes), not --timeout",
+        old="        store = dist.TCPStore(addr, port, world_size, rank == 0, wait_for_workers=False)\n",
+        new="        store = dist.TCPStore(addr, port, world_size, rank == 0, wait_for_workers=True)\n",
+        caught_by="never_comes",
+        says=("wait_for_workers=True",),
+    ),
+    dict(
         name="rdzv_client_connects_without_waiting",
         file=RDZV,
         why="no wait for rank 0's port: TCPStore's own client retries for 5 minutes",

@@ -206,6 +206,32 @@ MUTANTS = [
     ),
     dict(
         file=FSDP2,
+        name="root_keeps_its_parameters_whole",
+        why="the root's fully_shard without reshard_after_forward: FSDP2 then keeps the root's "
+        "own parameters whole after forward, whatever was asked",
+        old="""    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+""",
+        new="""    fully_shard(model, mesh=mesh, mp_policy=policy)
+""",
+        caught_by="reshards_after_forward_only",
+        says=["the root's fully_shard"],
+    ),
+    dict(
+        file=FSDP2,
+        name="renamed_by_rank_1",
+        why="rank 1 renames the finished folder: on one rank nobody does, and the checkpoint "
+        "never appears",
+        old="""    if dist.get_rank() == 0:
+        os.replace(temporary, final)
+""",
+        new="""    if dist.get_rank() == 1:
+        os.replace(temporary, final)
+""",
+        caught_by="3_ranks_and_on_1",
+        says=["was missing on rank(s) [0]"],
+    ),
+    dict(
+        file=FSDP2,
         name="save_straight_into_place",
         why="dcp.save writes into folder/step-N itself: a crash leaves a checkpoint without "
         "its metadata, which latest() then picks",
@@ -259,6 +285,26 @@ MUTANTS = [
 ]
 
 MUTANTS += [
+    dict(
+        file=FSDP,
+        name="prefetch_position_not_advanced",
+        why="the position in the recorded order never moves on: the same layer is prefetched "
+        "again and again, the others gathered in their own pre-hooks",
+        old="        self.position += 1\n",
+        new="        self.position += 0\n",
+        caught_by="travels_while",
+        says=["gathered again"],
+    ),
+    dict(
+        file=FSDP,
+        name="last_layer_not_prefetched",
+        why="the check that a next layer exists stops one short: the last layer's weight is "
+        "gathered in its own pre-hook, overlapping nothing",
+        old="        if not self.first_forward and self.position + 1 < len(self.order):\n",
+        new="        if not self.first_forward and self.position + 2 < len(self.order):\n",
+        caught_by="travels_while",
+        says=["the last layers not prefetched"],
+    ),
     dict(
         name="optimizer_torch_ignored",
         why="--optimizer torch parsed and ignored: ShardedOptimizer runs, the same numbers",

@@ -56,6 +56,16 @@ MUTANTS = [
         says=["must match the size of tensor b"],  # the crash, in the case child, named
     ),
     dict(
+        file=EP,
+        name="counts_without_a_place_for_every_expert",
+        why="the dispatch's counts by bincount without minlength: a rank that sends the last "
+        "expert nothing has one count too few, and the exchange of counts breaks (found by "
+        "the mutation engine)",
+        old="        counts = torch.bincount(experts[tokens, slots], minlength=self.n)\n",
+        new="        counts = torch.bincount(experts[tokens, slots])\n",
+        caught_by="one_process_computes",
+    ),
+    dict(
         name="balance_without_gradient",
         why="the mean probabilities detached: the balancing loss has the right value and "
         "no effect on the router",

@@ -121,6 +121,9 @@ def _shard(rank, world, port, out, lesson_file, backend):
             seen.clear()
             logits = model(tokens)
             whole = [not isinstance(p, DTensor) for b in model.blocks for p in b.parameters()]
+            claimed = {id(p) for b in model.blocks for p in b.parameters()}
+            root_whole = [not isinstance(p, DTensor) for p in model.parameters()
+                          if id(p) not in claimed]  # fmt: skip
             F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()).backward()
             for p in model.parameters() if summed else ():
                 p.grad /= world
@@ -128,7 +131,8 @@ def _shard(rank, world, port, out, lesson_file, backend):
             optimizer.zero_grad(set_to_none=True)
             notes[setting] = {
                 "units": units, "local": local, "computed": computed[:1],
-                "whole_after_forward": whole, "collectives": list(seen),
+                "whole_after_forward": whole, "root_whole_after_forward": root_whole,
+                "collectives": list(seen),
             }  # fmt: skip
             if setting == "fp32":
                 for step in range(2, STEPS + 1):
@@ -261,9 +265,15 @@ def _resume(rank, world, port, out, lesson_file, backend):
         for later in range(int(step) + 1, STEPS + 1):
             train_step(model, optimizer, later, rank, world, summed)
         tensors |= {f"{world}/end/{k}": v for k, v in full_params(model).items()}
+        # save() on this many ranks too: one whole checkpoint, there on every rank's return
+        saved = lesson.save(model, optimizer, STEPS, Path(out) / f"again{world}")
+        there = [None] * world
+        dist.all_gather_object(there, saved.is_dir())
         if rank == 0:
             torch.save(tensors, Path(out) / f"resume{world}.pt")
-            notes = {"step": int(step), "lr": [g["lr"] for g in optimizer.param_groups]}
+            notes = {"step": int(step), "lr": [g["lr"] for g in optimizer.param_groups],
+                     "saved": str(saved), "there": there,
+                     "latest": str(lesson.latest(Path(out) / f"again{world}"))}  # fmt: skip
             (Path(out) / f"resume{world}.json").write_text(json.dumps(notes))
         dist.barrier()
     finally:

@@ -4,7 +4,8 @@
 Run by tests/lessons/test_13_experts.py as `python lesson_13_ep.py LESSON_FILE OUT_DIR`.
 Case `ep`: WORLD ranks (2 or 4, drawn from the grading seed) split the grader's 8 experts
 (tests/lessons/cases/lesson_13_models.py) with the submission's ExpertParallel; each rank
-routes its own tokens, and runs a forward and a backward of (output x w).sum(). Case
+routes its own tokens (rank 0's leave the last expert out), and runs a forward and a backward
+of (output x w).sum(). Case
 `ep_dp`: 4 ranks as 2 groups of 2 (the submission's `groups`), each rank's loss its
 tokens' mean, then the submission's average_gradients. Each rank writes its output and
 gradients, and what the grading kit's recorder saw below torch.distributed: every
@@ -73,7 +74,7 @@ def _rank(rank, world, port, out, lesson_file, how):
         else:
             group, same = lesson.groups(world, 2)
         layer = lesson.ExpertParallel(router, experts, m.K, FACTOR, group)
-        x, w = m.inputs(SEED * 100 + rank)
+        x, w = m.ep_inputs(SEED, rank, router)  # rank 0 sends the last expert nothing
         x.requires_grad_()
         recorder = CommRecorder()
         with recorder, gloo_list_form_explained():

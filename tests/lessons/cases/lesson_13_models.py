@@ -99,6 +99,20 @@ def layer(weights: dict, x, factor: float = FACTOR):
     return torch.stack(rows), balance_loss(probs, experts), w, x, experts, keep
 
 
+def ep_inputs(seed: int, rank: int, router):
+    """Rank `rank`'s TOKENS tokens and output weights under expert parallelism; rank 0's
+    drawn among those whose top K (by `router`, float32) leaves out the last expert, so
+    that rank 0 sends that expert no row: its count is 0, and must still be exchanged."""
+    if rank != 0:
+        return inputs(seed * 100 + rank)
+    x, w = inputs(seed * 100, tokens=4 * TOKENS)
+    with torch.no_grad():
+        _, _, experts = route(router(x))
+    keep = (experts != E - 1).all(1)
+    assert keep.sum() >= TOKENS, "too few tokens leave the last expert out"
+    return x[keep][:TOKENS], w[keep][:TOKENS]
+
+
 def inputs(seed: int, tokens: int = TOKENS, dim: int = DIM):
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(tokens, dim, generator=gen), torch.randn(tokens, dim, generator=gen)
