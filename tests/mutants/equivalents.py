@@ -30,6 +30,10 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         '-> state = {"model": model_state, "optim": optim_state, "step": torch.tensor( 1)}':
         "dcp.load overwrites every entry of the dict it is given: the template's step is never "
         "read",
+        'fsdp2.py:state = {"model": model_state, "optim": optim_state, "step": torch.tensor(0)} '
+        '-> state = {"model": model_state, "optim": optim_state, "step": torch.tensor( -1)}':
+        "dcp.load overwrites every entry of the dict it is given: the template's step is never "
+        "read",
         'zero.py:for p in sorted(group["params"], key=lambda p: -p.numel() * p.element_size()): '
         '-> for p in sorted(group["params"], key=lambda p: -p.numel() / p.element_size()):':
         "every parameter of the lesson's models is float32: ordering by numel / 4 is ordering "
