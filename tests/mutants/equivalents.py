@@ -142,6 +142,29 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "return torch.Generator().manual_seed(seed + 1001 * dist.get_rank())":
         "each rank's augmentation stream needs only to differ from the others': 1001 apart "
         "they do, as 1000 apart",
+        "hang.py:return odd[0], OP_NAMES.get(common, common.lower()) -> "
+        "return odd[ -1], OP_NAMES.get(common, common.lower())":
+        "the lesson plants one rank out of step, so odd holds one rank: its last is its first",
+        'hang.py:last = {rank: (0, "") for rank in records}  # a rank that never started a '
+        'collective -> last = {rank: ( 1, "") for rank in records}  # a rank that never started '
+        "a collective":
+        "the empty name is no collective's: (0, '') and (1, '') both differ from every real "
+        "entry, and from nothing else",
+        "hang.py:common, _ = Counter(last.values()).most_common(1)[0]  # what most ranks are "
+        "stuck in -> common, _ = Counter(last.values()).most_common( 2)[0]  # what most ranks "
+        "are stuck in":
+        "most_common lists the commonest pair first, however many it lists",
+        "oom.py:total += loss.item() -> total += loss":
+        "the step's loss is read as a number (float()): the sum of 0-dim tensors gives the "
+        "same, and each backward has already freed what its graph saved (the meter's peak)",
+        "silent.py:return torch.Generator().manual_seed(seed + 1000 * dist.get_rank()) -> "
+        "return torch.Generator().manual_seed(seed + 999 * dist.get_rank())":
+        "each rank's augmentation stream needs only to differ from the others': 999 apart "
+        "they do, as 1000 apart",
+        "silent.py:return torch.Generator().manual_seed(seed + 1000 * dist.get_rank()) -> "
+        "return torch.Generator().manual_seed(seed - 1000 * dist.get_rank())":
+        "each rank's augmentation stream needs only to differ from the others': 1000 below "
+        "they do, as 1000 above",
         "silent.py:return (counts[0] / counts[1]).item() -> return (counts[0] / counts[1])":
         "the script formats the accuracy and the test compares its value: a 0-dim tensor "
         "prints and compares as its float does",

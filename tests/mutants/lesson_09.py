@@ -172,6 +172,16 @@ MUTANTS = [
         says=("wait_for_workers=True",),
     ),
     dict(
+        name="rdzv_read_key_misnamed",
+        file=RDZV,
+        why="the read mark set with its key and value swapped: rank 0 waits for marks that "
+        "never come, out to its --timeout, on every join (found by the mutation engine)",
+        old='    store.set(f"read/{rank}", "")\n',
+        new='    store.set("", f"read/{rank}")\n',
+        caught_by="right_settings",
+        says=("waits out its whole --timeout",),
+    ),
+    dict(
         name="rdzv_client_connects_without_waiting",
         file=RDZV,
         why="no wait for rank 0's port: TCPStore's own client retries for 5 minutes",
