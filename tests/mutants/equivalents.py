@@ -206,6 +206,13 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         '-> tp = sent.get("tp.all_reduce", 1) * 2 * (n - 1) / n / bandwidth(par, hw, "tp")':
         "the default is read only where traffic() has no tensor-parallel all-reduce: at tp = 1, "
         "where 2(n - 1)/n = 0 whatever it is (every stage has a block when depth >= pp)",
+        'plan.py:tp = sent.get("tp.all_reduce", 0) * 2 * (n - 1) / n / bandwidth(par, hw, "tp") '
+        '-> tp = sent.get("tp.all_reduce", -1) * 2 * (n - 1) / n / bandwidth(par, hw, "tp")':
+        "the default is read only where traffic() has no tensor-parallel all-reduce: at tp = 1, "
+        "where 2(n - 1)/n = 0 whatever it is (every stage has a block when depth >= pp)",
+        'plan.py:in_flight = m if par.schedule == "gpipe" else min(m, par.pp - stage) -> '
+        'in_flight = m if par.schedule == "gpipe" else min(par.pp - stage, m)':
+        "min is symmetric: the same count whichever argument comes first",
         "plan.py:for p, s in zip(per, shapes, strict=True) -> for p, s in zip(per, shapes, strict=False)":
         "per and shapes are built from the same units(): always the same length, so strict changes nothing",
         "plan.py:for p, s in zip(per, shapes, strict=True) -> for p, s in zip(per, shapes)":

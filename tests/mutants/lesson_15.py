@@ -8,6 +8,15 @@ FILE = "15_planning/plan.py"
 
 MUTANTS = [
     dict(
+        name="best_tp_larger_on_a_tie",
+        why="a shape replaces the best when its step is no longer, not only when shorter: on a "
+        "tie the larger tp wins (found by the mutation engine)",
+        old="            if best is None or total < best[0]:\n",
+        new="            if best is None or total <= best[0]:\n",
+        caught_by="questions",
+        says=["the smaller tp on a tie"],
+    ),
+    dict(
         name="held_without_padding",
         why="the stage's bytes divided evenly by dp: right when every tensor's rows split, "
         "wrong for the vocabularies and widths that do not",

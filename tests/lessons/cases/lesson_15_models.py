@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import torch
 
@@ -387,6 +388,16 @@ def _unsplit_batch(r) -> tuple[Config, dict]:
     return Config(**{**c.__dict__, "batch": c.dp * c.micro_batches // 2}), hw
 
 
+def _tie_question(r) -> tuple[Config, dict]:
+    """Free communication (infinite bandwidth, no latency) and no vocabulary: every tp's
+    step is the same compute, to the bit (powers of two throughout), so best_tp must fall
+    back on its tie rule, the smaller tp."""
+    config = Config(pp=1, dp=r.choice([4, 8, 16]), tp=1, depth=16, dim=r.choice([1024, 2048]),
+                    vocab=0, seq=2048, batch=64)  # fmt: skip
+    free = {"intra": float("inf"), "inter": float("inf"), "latency": 0.0}
+    return config, {**hardware(r), "flops": 2.0**50, "efficiency": 0.5, **free}
+
+
 def _bound_question(r) -> tuple[Config, dict]:
     config = Config(pp=1, dp=8, tp=r.choice([1, 2, 4]), depth=r.choice([8, 16, 32]),
                     dim=r.choice([1024, 2048, 4096]), vocab=32000,
@@ -425,6 +436,10 @@ def questions() -> dict:
     # several micro-batches, does not split; one stage, and a target one micro-batch meets
     tp.append(until(r, _small_batch_question, _all_ranks_win, "tp = all the ranks"))
     tp.append(until(r, _unsplit_batch, _unsplit_would_win, "an unsplit batch that would win"))
+    with warnings.catch_warnings():  # no vocabulary: torch notes its empty embedding
+        warnings.simplefilter("ignore", UserWarning)
+        tp.append(until(r, _tie_question, lambda q: len(set(tp_times(*q).values())) == 1,
+                        "a tie"))  # fmt: skip
     pipelines += [(1, r.choice([0.05, 0.1, 0.2])), (2, r.choice([0.5, 0.6, 0.75]))]
     # the largest dp the search may reach is the answer itself
     c, hw = until(r, _bound_question, lambda q: communication_bound(*q) is not None,
