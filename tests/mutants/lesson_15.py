@@ -8,6 +8,15 @@ FILE = "15_planning/plan.py"
 
 MUTANTS = [
     dict(
+        name="last_but_one_stage_sends_one_way",
+        why="a stage's messages counted with pp - 2: the last but one stage misses the messages "
+        "it sends to the last, and a three-stage pipeline's middle looks faster than it is "
+        "(found by the mutation engine)",
+        old="        messages = ((stage > 0) + (stage < par.pp - 1)) * m if par.pp > 1 else 0\n",
+        new="        messages = ((stage > 0) + (stage < par.pp - 2)) * m if par.pp > 1 else 0\n",
+        caught_by="step_time",
+    ),
+    dict(
         name="best_tp_larger_on_a_tie",
         why="a shape replaces the best when its step is no longer, not only when shorter: on a "
         "tie the larger tp wins (found by the mutation engine)",

@@ -339,7 +339,8 @@ def timed_configs() -> list[tuple[Config, dict]]:
         )
     # Which stage sets the pace: a middle one (it sends both ways), and the two ends
     # within a latency term of each other.
-    found.append(until(r, lambda r: _pipeline(r, 4), _middle_sets_the_pace, "a middle stage"))
+    # (Three stages: the middle one is also the last but one, which sends to the last.)
+    found.append(until(r, lambda r: _pipeline(r, 3), _middle_sets_the_pace, "a middle stage"))
     found.append(until(r, lambda r: _pipeline(r, 2), _ends_nearly_tie, "ends that nearly tie"))
     return found  # fmt: skip
 
@@ -441,6 +442,9 @@ def questions() -> dict:
         tp.append(until(r, _tie_question, lambda q: len(set(tp_times(*q).values())) == 1,
                         "a tie"))  # fmt: skip
     pipelines += [(1, r.choice([0.05, 0.1, 0.2])), (2, r.choice([0.5, 0.6, 0.75]))]
+    # the page's example, a 10 % bubble: (pp - 1) * 0.9 / 0.1 is a whole number only to
+    # within rounding (floor division of the floats gives one less)
+    pipelines.append((r.choice([2, 3]), 0.1))
     # the largest dp the search may reach is the answer itself
     c, hw = until(r, _bound_question, lambda q: communication_bound(*q) is not None,
                   "a bound within reach")  # fmt: skip
