@@ -219,6 +219,17 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "plan.py:per_rank, dp = par.batch // par.dp, 1 -> per_rank, dp = par.batch / par.dp, 1":
         "the batches the questions ask about split over dp, as every shape the course prices: "
         "batch / dp is then the same number as batch // dp",
+        "plan.py:max(0, min(p, s[0] - dp_rank * p)) * math.prod(s[1:]) * FLOAT -> "
+        "max(min(p, s[0] - dp_rank * p), 0) * math.prod(s[1:]) * FLOAT":
+        "max is symmetric: the same rows whichever argument comes first",
+        'plan.py:moved = (n - 1) * (sent["dp.all_gather"] + sent["dp.reduce_scatter"] / n) -> '
+        'moved = (n - 1) * (sent["dp.all_gather"] + sent["dp.reduce_scatter"] // n)':
+        "a reduce-scatter's bytes are n equal shards, a multiple of n: the quotient is exact "
+        "either way",
+        "plan.py:messages = ((stage > 0) + (stage < par.pp - 1)) * m if par.pp > 1 else 0 -> "
+        "messages = ((stage > 0) + (stage < par.pp - 1)) * m if par.pp >= 1 else 0":
+        "with one stage, stage 0 has no stage before it and none after: both comparisons are "
+        "false, and the count is 0 either way",
         "plan.py:dp = par.tp * par.dp // tp -> dp = par.tp * par.dp / tp":
         "tp is a power of two that divides the ranks: the quotient is exact either way",
         "plan.py:for p, s in zip(per, shapes, strict=True) -> for p, s in zip(per, shapes, strict=False)":
