@@ -146,7 +146,18 @@ DIRECTIVES = {
 
 # The directives whose words follow the page's language (the rest show code, records and
 # test names, the same on both sides).
-IN_THE_PAGES_LANGUAGE = {"lesson-card", "lessons-table", "hints", "mutation-scores"}
+IN_THE_PAGES_LANGUAGE = {
+    "lesson-card",
+    "lessons-table",
+    "hints",
+    "mutation-scores",
+    "grading",
+    "tolerances",
+    "output",
+    "plan",
+    "compositions",
+    "diff",
+}
 
 
 def expand(markdown: str, src_uri: str) -> str:

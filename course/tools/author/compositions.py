@@ -36,6 +36,11 @@ RESUMED = (1, 4, 2)
 STEPS = 40
 AXIS_OF = {"all_gather": "dp", "reduce_scatter": "dp", "all_reduce": "tp", "send": "pp",
            "recv": "pp"}  # fmt: skip
+CARRIES_ZH = {"all_gather": "权重（FSDP 收集一个块的分片）",
+              "reduce_scatter": "梯度（FSDP，每个 rank 留下自己分片的）",
+              "all_reduce": "激活及其梯度（TP 的部分和）",
+              "send": "前向传激活，反向传它们的梯度",
+              "recv": "前向传激活，反向传它们的梯度"}  # fmt: skip
 CARRIES = {"all_gather": "weights (FSDP gathers a block's shards)",
            "reduce_scatter": "gradients (FSDP, each rank keeps its shard's)",
            "all_reduce": "activations, and their gradients (TP's partial sums)",
@@ -99,7 +104,7 @@ def largest_gap(doc: dict) -> float:
     return max(abs(v - control[s]) for c in curves.values() for s, v in c.items())
 
 
-def curves_svg(doc: dict) -> str:
+def curves_svg(doc: dict, lang: str = "en") -> str:
     """The loss of every mesh by step, and of the resumed run: drawn wide to narrow, so
     that curves lying on each other still show."""
     import matplotlib
@@ -114,34 +119,51 @@ def curves_svg(doc: dict) -> str:
         for (label, curve), width in zip(doc["curves"].items(), widths, strict=True):
             steps = sorted(curve, key=int)
             resumed = label.endswith("resumed")
+            if lang == "zh":
+                label = label.replace(", resumed", "，恢复后")
             ax.plot([int(s) for s in steps], [curve[s] for s in steps], ":" if resumed else "-",
                     lw=width, alpha=0.45 if width > 2.5 else 1, label=label)  # fmt: skip
-        ax.set(xlabel="step", ylabel="loss", yscale="log")
-        ax.legend(fontsize=8, title="mesh (the control: dp 8)", title_fontsize=8)
+        zh = lang == "zh"
+        ax.set(xlabel="步" if zh else "step", ylabel="损失" if zh else "loss", yscale="log")
+        ax.legend(
+            fontsize=8,
+            title="网格（对照组：dp 8）" if zh else "mesh (the control: dp 8)",
+            title_fontsize=8,
+        )
         buffer = io.BytesIO()
         fig.savefig(buffer, format="svg", transparent=True)
         plt.close(fig)
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def render_html(doc: dict, which: str) -> str:
-    """ "curves" (an inline SVG image) or "axes" (a Markdown table)."""
+def render_html(doc: dict, which: str, lang: str = "en") -> str:
+    """ "curves" (an inline SVG image) or "axes" (a Markdown table), in `lang` (en or zh)."""
+    zh = lang == "zh"
     if which == "curves":
-        alt = "Loss curves of four meshes and of a resumed run, lying on each other"
-        image = f'<img class="course-plot" alt="{alt}" src="data:image/svg+xml;base64,'
-        return (
-            f"{image}{curves_svg(doc)}\"><p>The largest difference from the control's "
-            f"printed loss, at any step of any run: {largest_gap(doc):.4f}.</p>"
+        alt = (
+            "四种网格和一次恢复运行的损失曲线，彼此重合"
+            if zh
+            else "Loss curves of four meshes and of a resumed run, lying on each other"
         )
+        image = f'<img class="course-plot" alt="{alt}" src="data:image/svg+xml;base64,'
+        said = ("任一运行、任一步上与对照组打印的损失的最大差：" if zh
+                else "The largest difference from the control's printed loss, at any step of "
+                "any run: ")  # fmt: skip
+        end = "。" if zh else "."
+        return f'{image}{curves_svg(doc, lang)}"><p>{said}{largest_gap(doc):.4f}{end}</p>'
     if which != "axes":
         raise ValueError(f"compositions: no figure {which!r} (curves or axes)")
-    lines = ["| rank (stage) | axis: its group | collective | carries | a step | bytes a step |",
+    carries = CARRIES_ZH if zh else CARRIES
+    lines = ["| rank（阶段） | 轴：它的组 | 集合通信 | 传送 | 每步次数 | 每步字节 |" if zh else
+             "| rank (stage) | axis: its group | collective | carries | a step | bytes a step |",
              "|---|---|---|---|--:|--:|"]  # fmt: skip
     for row in doc["axes"]:
         lines.append(f"| {row['rank']} ({row['stage']}) | {row['axis']}: {row['group']} | "
-                     f"{row['op'].replace('_', '-')} | {CARRIES[row['op']]} | {row['count']} | "
+                     f"{row['op'].replace('_', '-')} | {carries[row['op']]} | {row['count']} | "
                      f"{row['bytes']:,} |")  # fmt: skip
-    lines.append(f"\nStep 2 of {doc['micro_batches']} micro-batches; bytes are what the rank "
+    lines.append(f"\n{doc['micro_batches']} 个微批次中的第 2 步；字节数是该 rank 发送的量，接收则为"
+                 "它收到的量。" if zh else
+                 f"\nStep 2 of {doc['micro_batches']} micro-batches; bytes are what the rank "
                  "sends, or for a receive, what it receives.")  # fmt: skip
     return "\n".join(lines)
 

@@ -119,15 +119,25 @@ def score(rows: list[dict]) -> dict | None:
     return {"error": error, "tau": tau, "shapes": len(ran)}
 
 
-def render_markdown(doc: dict) -> str:
+HEADINGS = {
+    "en": ("| lesson | mesh (pp, dp, tp) × m | predicted | compute / tp+pp / dp / bubble "
+           "| measured (min-max) | ratio |"),
+    "zh": ("| 课 | 网格 (pp, dp, tp) × m | 预测 | 计算 / tp+pp / dp / 气泡 "
+           "| 实测（最小-最大） | 比值 |"),
+}  # fmt: skip
+
+
+def render_markdown(doc: dict, lang: str = "en") -> str:
     """The record as the page's table, in milliseconds: each shape's prediction and its
-    terms (compute / tp + pp / dp not hidden / bubble), the measured step and the ratio."""
-    lines = ["| lesson | mesh (pp, dp, tp) × m | predicted | compute / tp+pp / dp / bubble "
-             "| measured (min-max) | ratio |", "|---|---|---|---|---|---|"]  # fmt: skip
+    terms (compute / tp + pp / dp not hidden / bubble), the measured step and the ratio;
+    in English, or on a Chinese page (``lang="zh"``) in Chinese."""
+    zh = lang == "zh"
+    lines = [HEADINGS["zh" if zh else "en"], "|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         mesh = "({}, {}, {}) × {}".format(*r["shape"])
         if "skipped" in r:
-            lines.append(f"| {r['lesson']} | {mesh} | skipped: {r['skipped']} | | | |")
+            said = f"跳过：`{r['skipped']}`" if zh else f"skipped: {r['skipped']}"
+            lines.append(f"| {r['lesson']} | {mesh} | {said} | | | |")
             continue
         p = {k: v * 1e3 for k, v in r["predicted"].items()}
         terms = (
@@ -138,7 +148,11 @@ def render_markdown(doc: dict) -> str:
         ratio = f"{r['ratio']:.2f}×" if "ratio" in r else ""
         lines.append(f"| {r['lesson']} | {mesh} | {p['total']:.1f} | {terms} | {measured} | "
                      f"{ratio} |")  # fmt: skip
-    if scored := score(doc["rows"]):
+    if (scored := score(doc["rows"])) and zh:
+        lines += ["", f"在实测的 {scored['shapes']} 种形状上：最大误差 |预测 / 实测 − 1| 为 "
+                      f"{scored['error']:.0%}，预测顺序与实测顺序之间的 Kendall τ 为 "
+                      f"{scored['tau']:.2f}（1 表示每一对的顺序都对）。"]  # fmt: skip
+    elif scored:
         lines += ["", f"Over the {scored['shapes']} shapes measured: the largest error "
                       f"|predicted / measured − 1| is {scored['error']:.0%}, and Kendall's τ "
                       f"between the predicted and the measured order is {scored['tau']:.2f} "

@@ -12,6 +12,7 @@ from pathlib import Path
 from mkdocs.exceptions import PluginError
 
 from course.grader.rules import GradedTest, collect_graded_tests, describe
+from directives import chinese
 from directives.common import ROOT
 
 
@@ -19,10 +20,12 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
-def _runs_on(t: GradedTest) -> str:
+def _runs_on(t: GradedTest, lang: str = "en") -> str:
     if t.backend:
-        return f"CPU + {t.gpus or 2} GPUs"
+        return f"CPU + {t.gpus or 2} {'块 GPU' if lang == 'zh' else 'GPUs'}"
     if t.gpus:
+        if lang == "zh":
+            return f"{t.gpus} 块 GPU"
         return f"{t.gpus} GPU{'s' if t.gpus > 1 else ''}"
     return "CPU"
 
@@ -63,18 +66,59 @@ def _in_numbers(text: str, named: dict[str, str]) -> str:
     return words.sub(lambda m: named[m.group(1)], text)
 
 
-def render_grading(pattern: str, root: Path = ROOT) -> str:
+def test_key(path: Path, name: str) -> str:
+    """A graded test's key in the Chinese store: its lesson and its name."""
+    return f"test {path.stem.split('_')[1]} {name}"
 
+
+def descriptions(path: Path) -> dict[str, str]:
+    """{key: English} of a test file's graded tests, as the store translates them: the
+    docstring, its named bounds still names (the table puts their numbers in)."""
+    return {test_key(path, t.name): " ".join(t.doc.split())
+            for t in collect_graded_tests(path) if t.doc.strip()}  # fmt: skip
+
+
+WORDS = {
+    "en": {
+        "generated": "Generated from {files} when this page was built.",
+        "head": "| Test | What it checks | Points each | Cases | Max | Runs on |",
+        "core": " *(core)*",
+        "total": "| **Total** | **{cpu}** of them on a CPU-only machine | | | **{total}** | |",
+        "after": (
+            "Each case of a test (one per parameter, and per backend for distributed tests) "
+            "earns its points only if it passes. Cases that need GPUs the machine lacks are "
+            "skipped and count neither way, so a laptop grades out of the CPU total. Tests "
+            "marked *core* are the ones every unsolved starter must fail."
+        ),
+    },
+    "zh": {
+        "generated": "本表在构建本页时由 {files} 生成。",
+        "head": "| 测试 | 检查什么 | 每例分数 | 用例数 | 满分 | 运行于 |",
+        "core": " *（核心）*",
+        "total": "| **合计** | 其中 **{cpu}** 分在只有 CPU 的机器上 | | | **{total}** | |",
+        "after": (
+            "一个测试的每个用例（每个参数一个；分布式测试每个后端各一个）只有通过才得分。"
+            "需要本机没有的 GPU 的用例会被跳过，不计得失，所以笔记本电脑按 CPU 合计评分。"
+            "标为*核心*的测试，是每个未完成的起始代码都必须失败的测试。"
+        ),
+    },
+}
+
+
+def render_grading(pattern: str, root: Path = ROOT, lang: str = "en") -> str:
     paths = sorted(Path(p) for p in glob.glob(str(root / pattern)))
     if not paths:
         raise PluginError(f"grading: no test file matches {pattern!r}")
+    said = WORDS.get(lang, WORDS["en"])
     rows, cpu_total, total = [], 0.0, 0.0
     for path in paths:
         named = bounds(path)
         for t in collect_graded_tests(path):
-            what = _in_numbers(" ".join(t.doc.split()), named) or describe(t.name)
+            english = " ".join(t.doc.split())
+            text = chinese.words(test_key(path, t.name), english, lang) if english else ""
+            what = _in_numbers(text, named) or describe(t.name)
             if "core" in t.markers:
-                what += " *(core)*"
+                what += said["core"]
             max_points = t.worth * t.total_cases
             total += max_points
             if t.backend:
@@ -83,23 +127,22 @@ def render_grading(pattern: str, root: Path = ROOT) -> str:
                 cpu_total += max_points
             rows.append(
                 f"| {_breakable(t.name)} | {what} | {_fmt(t.worth)} | {t.total_cases} "
-                f"| {_fmt(max_points)} | {_runs_on(t)} |"
+                f"| {_fmt(max_points)} | {_runs_on(t, lang)} |"
             )
     if not rows:
         raise PluginError(f"grading: {pattern!r} has no test functions")
     files = ", ".join(f"`{p.relative_to(root).as_posix()}`" for p in paths)
     return (
-        f"Generated from {files} when this page was built.\n\n"
+        said["generated"].format(files=files) + "\n\n"
         '<div class="grading" markdown>\n\n'
-        "| Test | What it checks | Points each | Cases | Max | Runs on |\n"
-        "| --- | --- | ---: | ---: | ---: | --- |\n"
+        + said["head"]
+        + "\n| --- | --- | ---: | ---: | ---: | --- |\n"
         + "\n".join(rows)
-        + f"\n| **Total** | **{_fmt(cpu_total)}** of them on a CPU-only machine | | "
-        f"| **{_fmt(total)}** | |\n\n</div>\n\n"
-        "Each case of a test (one per parameter, and per backend for distributed tests) earns "
-        "its points only if it passes. Cases that need GPUs the machine lacks are skipped and "
-        "count neither way, so a laptop grades out of the CPU total. Tests marked *core* are "
-        "the ones every unsolved starter must fail.\n"
+        + "\n"
+        + said["total"].format(cpu=_fmt(cpu_total), total=_fmt(total))
+        + "\n\n</div>\n\n"
+        + said["after"]
+        + "\n"
     )
 
 

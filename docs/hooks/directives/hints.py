@@ -73,13 +73,20 @@ def render_hints(number: str, lang: str = "en") -> str:
             f"Stuck? `python -m course hint {number}` prints hint 1 for your first unsolved "
             f"TODO, `python -m course hint {number} 2` the next one.{one} The same hints, folded:"
         )
+
+    # On a Chinese page the TODOs and hints stay the starter's English comments, marked so
+    # (lang="en": a reader's tools, and the page's count of English words, know them).
+    def comment(text: str) -> str:
+        return f'<span lang="en">{text}</span>' if lang == "zh" else text
+
     out = [intro, ""]
     for index, todo in enumerate(todos, start=1):
         where = todo["id"].removeprefix("TODO at ").split("/", 1)[-1]
         head = f"（`{where}`）：" if lang == "zh" else f" (`{where}`): "
-        out += [f"**TODO {index}**{head}{todo['goal']}", ""]
+        out += [f"**TODO {index}**{head}{comment(todo['goal'])}", ""]
         for k, text in enumerate(todo["hints"], start=1):
-            out += [f'??? tip "{"提示" if lang == "zh" else "Hint"} {k}"', "", f"    {text}", ""]
+            tip = f'??? tip "{"提示" if lang == "zh" else "Hint"} {k}"'
+            out += [tip, "", f"    {comment(text)}", ""]
     return "\n".join(out)
 
 

@@ -17,12 +17,12 @@ def render_schedules(path: str, which: str, root: Path = ROOT) -> str:
     return _measured(schedules, "schedules", path, which, root)
 
 
-def render_compositions(path: str, which: str, root: Path = ROOT) -> str:
+def render_compositions(path: str, which: str, root: Path = ROOT, lang: str = "en") -> str:
     """Lesson 14's meshes (`python -m course compositions`): "curves" or "axes"."""
-    return _measured(compositions, "compositions", path, which, root)
+    return _measured(compositions, "compositions", path, which, root, lang)
 
 
-def _measured(tool, directive: str, path: str, which: str, root: Path) -> str:
+def _measured(tool, directive: str, path: str, which: str, root: Path, lang: str = "en") -> str:
     """A CPU figure that `tool` (its load and render_html) draws from the record at `path`,
     with its provenance."""
     if not (root / path).is_file():
@@ -31,21 +31,25 @@ def _measured(tool, directive: str, path: str, which: str, root: Path) -> str:
     doc = tool.load(root / path)
     prov = doc["provenance"]
     try:
-        image = tool.render_html(doc, which)
+        image = tool.render_html(doc, which, lang) if lang != "en" else tool.render_html(doc, which)
     except ValueError as exc:
         raise PluginError(str(exc)) from exc
     if not image.startswith("|"):  # an image; a Markdown table stays the page's own
         image = f'<div class="course-figure">{image}</div>'
+    torch = prov["torch"].split("+")[0]
+    if lang == "zh":
+        return (f'{image}\n\n??? course-provenance "测量于 {prov["date"][:10]} · PyTorch {torch} '
+                f'· CPU"\n\n    在 `{prov["device"]}`（{prov["cpus"]} 个核心）上，PyTorch '
+                f"{prov['torch']}，由 `{prov['command']}` 测得；记录：`{path}`。\n")  # fmt: skip
     return (
         f"{image}\n\n"
-        f'??? course-provenance "Measured {prov["date"][:10]} · PyTorch '
-        f'{prov["torch"].split("+")[0]} · CPU"\n\n'
+        f'??? course-provenance "Measured {prov["date"][:10]} · PyTorch {torch} · CPU"\n\n'
         f"    On {prov['device']} ({prov['cpus']} cores), PyTorch {prov['torch']}, by "
         f"`{prov['command']}`; record: `{path}`.\n"
     )
 
 
-def render_plan(path: str, root: Path = ROOT) -> str:
+def render_plan(path: str, root: Path = ROOT, lang: str = "en") -> str:
     """Lesson 15's predicted and measured step times (`python -m course plan --measure`)."""
     import json
 
@@ -55,20 +59,30 @@ def render_plan(path: str, root: Path = ROOT) -> str:
         raise PluginError(f"plan: no such file {path!r}")
     known_figure(root / path, root)
     doc = json.loads((root / path).read_text())
-    prov = doc["provenance"]
+    prov, model = doc["provenance"], doc["model"]
     where = prov["device"] if prov["device"] == "CPU" else f"1 × {prov['device']}"
     short = where if prov["device"] == "CPU" else "1 × " + prov["device"].split()[1]  # H100
-    return (
-        f"{planning.render_markdown(doc)}\n\n"
-        f'??? course-provenance "Measured {prov["date"][:10]} · PyTorch '
-        f'{prov["torch"].split("+")[0]} · {short}"\n\n'
-        f"    On {where} ({prov['cpus']} cores), PyTorch {prov['torch']}"
-        + (f", CUDA {prov['cuda']}, NCCL {prov['nccl']}" if prov.get("nccl") else "")
-        + f", by `{prov['command']}`; bandwidth: {prov['bandwidth']}; record: `{path}`. "
-        f"Milliseconds a step; the model: vocabulary {doc['model']['vocab']}, dim "
-        f"{doc['model']['dim']}, {doc['model']['depth']} blocks, {doc['batch']} sequences of "
-        f"{doc['model']['seq']} a step.\n"
-    )
+    gpu = f", CUDA {prov['cuda']}, NCCL {prov['nccl']}" if prov.get("nccl") else ""
+    torch = prov["torch"].split("+")[0]
+    if lang == "zh":
+        summary = f"测量于 {prov['date'][:10]} · PyTorch {torch} · {short}"
+        detail = (
+            f"在 {where}（{prov['cpus']} 个核心）上，PyTorch {prov['torch']}{gpu}，由 "
+            f"`{prov['command']}` 测得；带宽：`{prov['bandwidth']}`；记录：`{path}`。单位为每步"
+            f"毫秒；模型：词表 {model['vocab']}，宽度 {model['dim']}，{model['depth']} 个块，"
+            f"每步 {doc['batch']} 个长为 {model['seq']} 的序列。"
+        )
+    else:
+        summary = f"Measured {prov['date'][:10]} · PyTorch {torch} · {short}"
+        detail = (
+            f"On {where} ({prov['cpus']} cores), PyTorch {prov['torch']}{gpu}, by "
+            f"`{prov['command']}`; bandwidth: {prov['bandwidth']}; record: `{path}`. "
+            f"Milliseconds a step; the model: vocabulary {model['vocab']}, dim "
+            f"{model['dim']}, {model['depth']} blocks, {doc['batch']} sequences of "
+            f"{model['seq']} a step."
+        )
+    return (f"{planning.render_markdown(doc, lang)}\n\n"
+            f'??? course-provenance "{summary}"\n\n    {detail}\n')  # fmt: skip
 
 
 def render_zero_stages(name: str) -> str:

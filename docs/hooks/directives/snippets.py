@@ -28,9 +28,9 @@ def find_mermaid_js() -> Path:
     return path
 
 
-def render_diff(old: str, new: str, root: Path = ROOT) -> str:
+def render_diff(old: str, new: str, root: Path = ROOT, lang: str = "en") -> str:
     if not included() and any(rel.startswith("solutions/") for rel in (old, new)):
-        return fold_diff(old, new, "")  # the instructor build: said, not shown
+        return fold_diff(old, new, "", lang)  # the instructor build: said, not shown
     for rel in (old, new):
         if not (root / rel).is_file():
             raise PluginError(f"diff: no such file {rel!r} (paths are relative to the repo root)")
@@ -39,6 +39,7 @@ def render_diff(old: str, new: str, root: Path = ROOT) -> str:
     a, b = ((root / rel).read_text(encoding="utf-8") for rel in (old, new))
     lines = sizes.diff(a, b, old, new)
     if not lines:
-        return f"`{old}` and `{new}` are identical.\n"
+        return (f"`{old}` 与 `{new}` 完全相同。\n" if lang == "zh"
+                else f"`{old}` and `{new}` are identical.\n")  # fmt: skip
     body = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
-    return fold_diff(old, new, f'```diff title="{old} → {new}"\n{body}```\n')
+    return fold_diff(old, new, f'```diff title="{old} → {new}"\n{body}```\n', lang)

@@ -194,13 +194,19 @@ def expand_snippets(markdown: str) -> str:
     return SOLUTION_SNIPPET.sub(replace, markdown)
 
 
-def fold_diff(old: str, new: str, body: str) -> str:
+def fold_diff(old: str, new: str, body: str, lang: str = "en") -> str:
     """A diff that shows a solution: folded ("Show the diff ..."), or left out."""
     if not (old.startswith("solutions/") or new.startswith("solutions/")):
         return body
+    zh = lang == "zh"
     if not included():
-        return f"*The diff `{old}` → `{new}` shows a reference solution: not in this build.*\n"
+        return (f"*差异 `{old}` → `{new}` 会显示参考答案：本构建不包含它。*\n" if zh
+                else f"*The diff `{old}` → `{new}` shows a reference solution: not in this "
+                "build.*\n")  # fmt: skip
     indented = "\n".join("    " + line if line.strip() else "" for line in body.splitlines())
-    return (
-        f'??? note "Show the diff {old} → {new} (it shows the reference solution)"\n\n{indented}\n'
+    title = (
+        f"显示差异 {old} → {new}（其中有参考答案）"
+        if zh
+        else f"Show the diff {old} → {new} (it shows the reference solution)"
     )
+    return f'??? note "{title}"\n\n{indented}\n'

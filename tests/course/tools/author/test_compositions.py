@@ -28,6 +28,9 @@ def test_the_axes_table_has_a_row_per_kind_with_its_axis_and_bytes():
     assert len(rows) == 3
     assert "| tp: [0, 1] | all-reduce |" in rows[2] and rows[2].endswith("| 16 | 131,072 |")
     assert "Step 2 of 4 micro-batches" in table
+    chinese = compositions.render_html(_doc(), "axes", "zh")  # a Chinese page's words
+    assert "4 个微批次中的第 2 步" in chinese and "激活及其梯度" in chinese
+    assert "Step" not in chinese and chinese.count("| 0 (0)") == 3
 
 
 def test_the_curves_image_states_the_largest_gap_from_the_control():
@@ -35,6 +38,9 @@ def test_the_curves_image_states_the_largest_gap_from_the_control():
     assert "at any step of any run: 0.0125." in html
     svg = base64.b64decode(html.split("base64,")[1].split('"')[0]).decode()
     assert svg.startswith("<?xml") and "pp 1, dp 4, tp 2, resumed" in svg
+    chinese = compositions.render_html(_doc(gap=0.0125), "curves", "zh")
+    svg = base64.b64decode(chinese.split("base64,")[1].split('"')[0]).decode()
+    assert "与对照组打印的损失的最大差：0.0125。" in chinese and "损失" in svg and "loss" not in svg
     with pytest.raises(ValueError, match="curves or axes"):
         compositions.render_html(_doc(), "bubble")
 
