@@ -157,6 +157,7 @@ IN_THE_PAGES_LANGUAGE = {
     "plan",
     "compositions",
     "diff",
+    "bench-table",
 }
 
 
@@ -249,7 +250,11 @@ def _notebooks_again(files, config) -> None:
         i18n = config.plugins.get("i18n")
         lang = getattr(i18n, "current_language", None)
         if lang and lang != i18n.default_language:  # the Chinese build
-            page.dest_path = f"{lang}/{page.dest_path}"
+            # A notebook's Chinese twin (NN_name.zh.py: the same code, its prose in
+            # Chinese) takes the English notebook's place.
+            suffix = f".{lang}/"
+            page.dest_path = f"{lang}/{page.dest_path.replace(suffix, '/')}"
+            page.url = page.url.replace(suffix, "/")
             page.abs_dest_path = os.path.normpath(os.path.join(config.site_dir, page.dest_path))
             page.url = f"{lang}/{page.url}"
         files.remove(file)

@@ -66,7 +66,10 @@ def outputs(nb) -> str:
 
 
 def test_every_notebook_is_tested():
-    assert sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.py")) == sorted(EXPECTED)
+    # A Chinese twin (NN_name.zh.py) runs the same code cells: tests/site/test_translation.py
+    # holds it to them.
+    found = [p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.py") if not p.name.endswith(".zh.py")]
+    assert sorted(found) == sorted(EXPECTED)
 
 
 @pytest.mark.timeout(2 * CELL_TIMEOUT_S + 60)

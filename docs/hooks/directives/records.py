@@ -75,18 +75,25 @@ def _bench_docs(paths: list[Path], root: Path) -> list[dict]:
     return docs
 
 
-def render_bench_table(path: str, root: Path = ROOT) -> str:
-    """A `course bench` record as the command printed it: title, table, provenance, commands."""
+def render_bench_table(path: str, root: Path = ROOT, lang: str = "en") -> str:
+    """A `course bench` record as the command printed it: title, table, provenance, commands
+    (the words around them in the page's language; the machine's line stays as code)."""
     if not (root / path).is_file():
         raise PluginError(f"bench-table: no such file {path!r}")
     (doc,) = _bench_docs([root / path], root)
     commands = "\n".join(f"    {r['command']}" for r in doc["rows"])
+    command, where = doc["provenance"]["command"], render.provenance_line(doc)
+    if lang == "zh":
+        measured = f"*测量环境：`{where}`，由 `{command}` 测得；记录：`{path}`。*"
+        launches = "每一行背后的启动命令"
+    else:
+        measured = f"*Measured {where} by `{command}`; record: `{path}`.*"
+        launches = "The launches behind each row"
     return (
         f"**{render.title(doc)}**\n\n"
         f'<div class="course-bench" markdown>\n\n{render.table(doc, markdown=True)}\n\n</div>\n\n'
-        f"*Measured {render.provenance_line(doc)} by `{doc['provenance']['command']}`; "
-        f"record: `{path}`.*\n\n"
-        f'??? note "The launches behind each row"\n\n    ```text\n{commands}\n    ```\n'
+        f"{measured}\n\n"
+        f'??? note "{launches}"\n\n    ```text\n{commands}\n    ```\n'
     )
 
 
