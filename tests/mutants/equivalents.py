@@ -84,6 +84,12 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "grad holds one slot a rank, every slot the shape of slot 0: an empty tensor shaped like slot 1 is the same",
         "ring.py:return mine.view_as(grad[0]) -> return mine.view_as(grad[ -1])":
         "grad holds one slot a rank, every slot the shape of slot 0: viewed as the last slot is the same shape",
+        "ring.py:mine = torch.empty_like(grad[0]).view(-1) -> mine = torch.empty_like(grad[ -1]).view(-1)":
+        "grad holds one slot a rank, every slot the shape of slot 0: an empty tensor shaped like the last slot is the same",
+        "ring.py:return mine.view_as(grad[0]) -> return mine.view_as(grad[ 1])":
+        "grad holds one slot a rank (2 or more), every slot the shape of slot 0: viewed as slot 1 is the same shape",
+        "ring.py:new = torch.logaddexp(lse, block_lse) -> new = torch.logaddexp(block_lse, lse)":
+        "logaddexp is symmetric to the bit: max(a, b) + log1p(exp(-|a - b|)) takes its two arguments alike",
     },
     "13": {
         "experts.py:dist.all_to_all_single(out, x.contiguous(), receive, send, group=group) -> "

@@ -351,16 +351,18 @@ def phone(browser):
     ctx.close()
 
 
+@pytest.mark.parametrize("lang", ["", "zh/"], ids=["en", "zh"])
 @pytest.mark.parametrize("lesson", LESSON_PAGES)
 def test_lesson_page_on_a_phone_keeps_outputs_aligned_and_diagrams_legible(
-    phone, base_url, artifacts, lesson
+    phone, base_url, artifacts, lesson, lang
 ):
     """At 390 px: no printed output wraps a line (aligned columns scroll instead), every
     diagram's smallest text is drawn at 12 px or more (a wide diagram scrolls), a table
     wider than the screen keeps its first column in view when scrolled, and each output's
-    provenance is one folded line, and every plot keeps its width in a box that scrolls."""
+    provenance is one folded line, and every plot keeps its width in a box that scrolls; on
+    the English page and on the Chinese one."""
     page = phone.page()
-    page.goto(base_url + f"lessons/{lesson}/")
+    page.goto(base_url + f"{lang}lessons/{lesson}/")
     folded = page.evaluate(PROVENANCE)
     assert all(not p["open"] for p in folded), f"provenance shown unfolded: {folded}"
     assert all(p["lines"] <= 1 for p in folded), f"a provenance line wraps: {folded}"
@@ -384,7 +386,7 @@ def test_lesson_page_on_a_phone_keeps_outputs_aligned_and_diagrams_legible(
     tiny = page.evaluate(PLOT_TEXT, MIN_PLOT_TEXT_PX)
     assert not tiny, f"at {PHONE_PX} px, plot text under {MIN_PLOT_TEXT_PX} px: {tiny}"
     page.evaluate("window.scrollTo(0, 0)")
-    artifacts.shot(page, f"lesson-{lesson[:2]}-phone.png", full_page=True)
+    artifacts.shot(page, f"{lang.strip('/') or 'en'}-lesson-{lesson[:2]}-phone.png", full_page=True)
     phone.assert_offline()
 
 

@@ -20,6 +20,7 @@ prints the median step next to the prediction. --model plans with the reference
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -127,6 +128,16 @@ HEADINGS = {
 }  # fmt: skip
 
 
+SKIPPED = re.compile(r"needs (\d+) GPUs; this machine has (\d+)")
+
+
+def _skipped_zh(reason: str) -> str:
+    """Why a shape was not measured, in Chinese (the record keeps the English)."""
+    if m := SKIPPED.fullmatch(reason):
+        return f"需要 {m[1]} 块 GPU，本机只有 {m[2]} 块"
+    return f"`{reason}`"
+
+
 def render_markdown(doc: dict, lang: str = "en") -> str:
     """The record as the page's table, in milliseconds: each shape's prediction and its
     terms (compute / tp + pp / dp not hidden / bubble), the measured step and the ratio;
@@ -136,7 +147,7 @@ def render_markdown(doc: dict, lang: str = "en") -> str:
     for r in doc["rows"]:
         mesh = "({}, {}, {}) × {}".format(*r["shape"])
         if "skipped" in r:
-            said = f"跳过：`{r['skipped']}`" if zh else f"skipped: {r['skipped']}"
+            said = f"跳过：{_skipped_zh(r['skipped'])}" if zh else f"skipped: {r['skipped']}"
             lines.append(f"| {r['lesson']} | {mesh} | {said} | | | |")
             continue
         p = {k: v * 1e3 for k, v in r["predicted"].items()}
