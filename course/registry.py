@@ -254,8 +254,10 @@ def tests(lesson: Lesson | str | None = None, root: str | Path = REPO_ROOT) -> l
     under `root`'s tests/lessons/: the one answer to "which tests grade lesson NN"."""
     if lesson is None:
         pattern = "[0-9][0-9]"
+    elif isinstance(lesson, str):  # a number: a lesson of `root`, registered here or not
+        pattern = lesson if lesson.isdigit() and len(lesson) == 2 else get(lesson).number
     else:
-        pattern = (get(lesson) if isinstance(lesson, str) else lesson).number
+        pattern = lesson.number
     return sorted((Path(root) / "tests" / "lessons").glob(f"test_{pattern}_*.py"))
 
 

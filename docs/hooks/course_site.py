@@ -7,7 +7,7 @@ and it is left alone inside a fenced code block:
 
 ``<!-- diff: OLD NEW -->``
     A unified diff (a ```diff block) between two files of the repository.
-``<!-- grading: tests/lessons/test_NN_*.py -->``
+``<!-- grading: NN -->``
     A table of the graded tests in those files: name, points, what it checks.
 ``<!-- lesson-card: NN -->``
     A table with the lesson's level, script, launcher and run commands, read

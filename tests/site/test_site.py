@@ -186,8 +186,8 @@ def test_lesson_page_has_every_part(page):
     missing = [h for h in REQUIRED_HEADINGS if h not in text]
     assert not missing, f"{page.name} lacks {missing}"
     assert '=== "Starter"' in text and '=== "Solution"' in text, "no Starter/Solution tabs"
-    grading = "<!-- grading: tests/lessons/test_"
-    assert grading in text, "grading table is not generated from the tests"
+    grading = f"<!-- grading: {page.stem[:2]} -->"
+    assert grading in text, "grading table is not generated from the lesson's tests"
     assert f"<!-- lesson-card: {page.stem[:2]} -->" in text
     if not page.stem.startswith("00"):
         assert "<!-- diff: " in text, "no diff against the previous lesson"
@@ -251,7 +251,8 @@ def test_grading_tables_match_the_tests(site):
 
 
 def test_grading_parser_reads_points_docstrings_and_cases(tmp_path):
-    sample = tmp_path / "test_99_sample.py"
+    sample = tmp_path / "tests" / "lessons" / "test_99_sample.py"
+    sample.parent.mkdir(parents=True)
     sample.write_text(
         "import pytest\n\n"
         "@pytest.mark.points(3)\n"
@@ -274,7 +275,7 @@ def test_grading_parser_reads_points_docstrings_and_cases(tmp_path):
     assert got["test_unscored"].points is None and got["test_unscored"].worth == 1
     assert got["TestGroup::test_c"].points == 2 and got["TestGroup::test_c"].gpus == 2
     assert got["test_d"].backend and got["test_d"].total_cases == 2
-    table = grading.render_grading(sample.name, root=tmp_path)
+    table = grading.render_grading("99", root=tmp_path)
     # 3 + 1*3 + 1 + 2 (GPU only) + 1*2 (gloo and nccl) = 11; without GPUs 3 + 3 + 1 + 1 = 8
     assert "| **Total** | **8** of them on a CPU-only machine | | | **11** | |" in table, table
     assert "| <code>test_<wbr>unscored</code> | Unscored. | 1 | 1 | 1 | CPU |" in table
@@ -283,7 +284,8 @@ def test_grading_parser_reads_points_docstrings_and_cases(tmp_path):
 def test_the_grading_table_gives_named_bounds_as_numbers(tmp_path):
     """A docstring that says "below LEARNED" reads "below 0.5" in the table: each named
     bound of the module (a tolerance's high or low, or a plain number) as its number."""
-    sample = tmp_path / "test_99_bounds.py"
+    sample = tmp_path / "tests" / "lessons" / "test_99_bounds.py"
+    sample.parent.mkdir(parents=True)
     sample.write_text(
         "import pytest\n"
         "from course.grader.tolerances import tolerance\n\n"
@@ -297,7 +299,7 @@ def test_the_grading_table_gives_named_bounds_as_numbers(tmp_path):
         encoding="utf-8",
     )
     assert grading.bounds(sample) == {"LEARNED": "0.5", "GAIN": "0.02", "RELATIVE": "1e-09"}
-    table = grading.render_grading(sample.name, root=tmp_path)
+    table = grading.render_grading("99", root=tmp_path)
     assert "A loss below 0.5, a gain of at least 0.02, within 1e-09; LEARNEDS." in table
 
 

@@ -21,6 +21,8 @@ import translation  # noqa: E402
 from directives import terms  # noqa: E402
 from mkdocs.exceptions import PluginError  # noqa: E402
 
+from course import registry  # noqa: E402
+
 pytestmark = pytest.mark.timeout(sitebuild.TEST_TIMEOUT_S)  # a test's fixture may build the site
 
 ROOT = sitebuild.ROOT
@@ -417,7 +419,7 @@ def test_every_chinese_entry_of_the_generated_texts_is_current():
     from directives import chinese, grading, tolerances
 
     current = {}
-    for path in sorted((ROOT / "tests" / "lessons").glob("test_[0-9][0-9]_*.py")):
+    for path in registry.tests(None, ROOT):
         current.update(grading.descriptions(path))
     current.update(tolerances.translatable())
     assert not chinese.stale(current)

@@ -32,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from course.grader.rules import MARKERS_PROPERTY
+from course.grader.rules import MARKERS_PROPERTY, lesson_of
 
 SUITE_BUDGET_S = 1200  # `.ci/run` in full on two cores, install included
 QUICK_BUDGET_S = 300  # `pytest -m "not mutation" -n 2`
@@ -40,7 +40,6 @@ LESSON_BUDGET_S = 120  # what one lesson (tests and mutants) adds to `.ci/run`
 WORKERS = 2  # the suite's `-n 2`: a second of wall time is two seconds of test time
 MUTANT_ID = re.compile(r"\[(\d\d)-")
 KINDS = ("mutation", "gpus", "lessons", "other")
-LESSON_FILE = re.compile(r"(?:^|/)test_\d\d_[^/]*\.py$")
 
 
 @dataclass
@@ -54,8 +53,8 @@ class Test:
     @property
     def lesson(self) -> str | None:
         """The lesson a test grades: tests/lessons/test_NN_*.py, or a mutation case NN-..."""
-        if found := re.search(r"(?:^|/)test_(\d\d)_", self.file):
-            return found.group(1)
+        if number := lesson_of(self.file):
+            return number
         if "mutation" in self.markers and (found := MUTANT_ID.search(self.name)):
             return found.group(1)
         return None
@@ -66,7 +65,7 @@ class Test:
             return "mutation"
         if "gpus" in self.markers and "[gloo" not in self.name:
             return "gpus"
-        if LESSON_FILE.search(self.file):
+        if lesson_of(self.file):
             return "lessons"
         return "other"
 

@@ -1,17 +1,17 @@
-"""``<!-- grading: tests/lessons/test_NN_*.py -->``: the table of a lesson's graded tests, read with
-the grader's own rules (course/grader/rules.py)."""
+"""``<!-- grading: NN -->``: the table of lesson NN's graded tests (the files the registry
+says grade it), read with the grader's own rules (course/grader/rules.py)."""
 
 from __future__ import annotations
 
 import ast
-import glob
 import json
 import re
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
-from course.grader.rules import GradedTest, collect_graded_tests, describe
+from course import registry
+from course.grader.rules import GradedTest, collect_graded_tests, describe, lesson_of
 from directives import chinese
 from directives.common import ROOT
 
@@ -68,7 +68,7 @@ def _in_numbers(text: str, named: dict[str, str]) -> str:
 
 def test_key(path: Path, name: str) -> str:
     """A graded test's key in the Chinese store: its lesson and its name."""
-    return f"test {path.stem.split('_')[1]} {name}"
+    return f"test {lesson_of(path)} {name}"
 
 
 def descriptions(path: Path) -> dict[str, str]:
@@ -105,10 +105,13 @@ WORDS = {
 }
 
 
-def render_grading(pattern: str, root: Path = ROOT, lang: str = "en") -> str:
-    paths = sorted(Path(p) for p in glob.glob(str(root / pattern)))
+def render_grading(lesson: str, root: Path = ROOT, lang: str = "en") -> str:
+    try:
+        paths = registry.tests(lesson, root)
+    except registry.UnknownLesson as exc:
+        raise PluginError(f"grading: {exc}") from exc
     if not paths:
-        raise PluginError(f"grading: no test file matches {pattern!r}")
+        raise PluginError(f"grading: no test file grades lesson {lesson}")
     said = WORDS.get(lang, WORDS["en"])
     rows, cpu_total, total = [], 0.0, 0.0
     for path in paths:
@@ -130,7 +133,7 @@ def render_grading(pattern: str, root: Path = ROOT, lang: str = "en") -> str:
                 f"| {_fmt(max_points)} | {_runs_on(t, lang)} |"
             )
     if not rows:
-        raise PluginError(f"grading: {pattern!r} has no test functions")
+        raise PluginError(f"grading: lesson {lesson}'s tests have no test functions")
     files = ", ".join(f"`{p.relative_to(root).as_posix()}`" for p in paths)
     return (
         said["generated"].format(files=files) + "\n\n"
