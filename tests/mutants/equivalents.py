@@ -76,6 +76,10 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "own bias storage, of the same size, which nothing uses after the split",
     },
     "12": {
+        "checkpoint.py:with torch.random.fork_rng(devices=[x.device] if x.is_cuda else []), "
+        "torch.enable_grad(): -> with torch.random.fork_rng(), torch.enable_grad():":
+        "fork_rng() without devices forks every visible CUDA device, x's among them (none on a "
+        "CPU): the same generator states come back after the recompute",
         "ring.py:dk, dv = travel[-2], travel[-1]  # home, with every rank's share -> dk, dv = travel[-2], travel[1]  # home, with every rank's share":
         "at the end `travel` holds only the two gradients that came home (travel[2:] of the last hop): index 1 is index -1",
         "ring.py:dist.all_gather(parts, x.contiguous()) -> dist.all_gather(parts, x)":
@@ -88,6 +92,14 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "grad holds one slot a rank, every slot the shape of slot 0: an empty tensor shaped like the last slot is the same",
         "ring.py:return mine.view_as(grad[0]) -> return mine.view_as(grad[ 1])":
         "grad holds one slot a rank (2 or more), every slot the shape of slot 0: viewed as slot 1 is the same shape",
+        "ring.py:ks, vs, dks, dvs = (t.chunk(len(theirs), -2) for t in travel) -> "
+        "ks, vs, dks, dvs = (t.chunk(len(theirs), 2) for t in travel)":
+        "each of travel's tensors is (batch, heads, time, head dim), as RingAttention's q, k "
+        "and v always are: dimension 2 is dimension -2",
+        "ring.py:outgoing = travel if step < world - 1 else travel[2:].contiguous() -> "
+        "outgoing = travel if step < world - 1 else travel[2:]":
+        "travel is a new stack, contiguous, and travel[2:] slices its first dimension: the "
+        "slice is contiguous and .contiguous() returns it unchanged",
         "ring.py:new = torch.logaddexp(lse, block_lse) -> new = torch.logaddexp(block_lse, lse)":
         "logaddexp is symmetric to the bit: max(a, b) + log1p(exp(-|a - b|)) takes its two arguments alike",
     },
