@@ -91,6 +91,7 @@ from directives.lesson_figures import (  # noqa: E402
     render_schedules,
     render_zero_stages,
 )
+from directives.outputs import render_output  # noqa: E402
 from directives.records import (  # noqa: E402
     INLINE,
     render_bandwidth_table,
@@ -99,7 +100,6 @@ from directives.records import (  # noqa: E402
     render_figures,
     render_grading_cost,
     render_inline,
-    render_output,
     render_results,
     render_sizes,
     render_timeline,

@@ -52,52 +52,6 @@ ADMONITION = re.compile(r"^[ \t]*(?P<kind>!!!|\?\?\?\+?)\s+(?P<type>[a-z]+)", re
 TAB = re.compile(r'^[ \t]*===\+?\s+"', re.M)
 
 
-# A notebook (docs/notebooks/NN_name.py, jupytext's percent format) may have a Chinese twin,
-# NN_name.zh.py: the very same code cells, its Markdown cells in Chinese, and in its header's
-# notebook metadata (under `jupyter:`) `translated_from: HASH`, the hash of the English
-# notebook's Markdown it translates.
-NOTEBOOK_CELL = re.compile(r"^# %%(?P<kind>.*)$", re.M)
-NOTEBOOK_STAMP = re.compile(r"^#\s+translated_from: (?P<hash>[0-9a-f]{12})$", re.M)
-
-
-def notebook_cells(text: str) -> list[tuple[str, str]]:
-    """A percent-format notebook's cells after its header: (markdown or code, body)."""
-    marks = list(NOTEBOOK_CELL.finditer(text))
-    cells = []
-    for mark, after in zip(marks, [*marks[1:], None], strict=True):
-        body = text[mark.end() : after.start() if after else len(text)].strip("\n")
-        cells.append(("markdown" if "[markdown]" in mark["kind"] else "code", body))
-    return cells
-
-
-def notebook_prose_hash(text: str) -> str:
-    """What a notebook's Chinese twin translates: its Markdown cells, hashed."""
-    prose = "\n\n".join(body for kind, body in notebook_cells(text) if kind == "markdown")
-    return hashlib.sha256(prose.encode()).hexdigest()[:12]
-
-
-def notebook_twin_problems(english: Path) -> list[str]:
-    """What keeps english's Chinese twin (if it has one) from being its translation."""
-    twin = english.with_suffix(".zh.py")
-    if not twin.is_file():
-        return []
-    en, zh = english.read_text("utf-8"), twin.read_text("utf-8")
-    problems = []
-    code = [(k, b) for k, b in notebook_cells(en) if k == "code"]
-    if code != [(k, b) for k, b in notebook_cells(zh) if k == "code"]:
-        problems.append(f"{twin.name}: its code cells are not {english.name}'s")
-    if [k for k, _ in notebook_cells(en)] != [k for k, _ in notebook_cells(zh)]:
-        problems.append(f"{twin.name}: its cells are not in {english.name}'s order")
-    stamp = NOTEBOOK_STAMP.search(zh)
-    if stamp is None or stamp["hash"] != notebook_prose_hash(en):
-        problems.append(
-            f"{twin.name}: {english.name}'s text changed since it was translated "
-            f"(review, then stamp `#   translated_from: {notebook_prose_hash(en)}` under "
-            "`# jupyter:`)"
-        )
-    return problems
-
-
 def english_pages() -> list[Path]:
     """Every English page of the site, as a path under docs/."""
     pages = []

@@ -261,7 +261,7 @@ def differences(
         ours = calls(reference, random.Random(seed * 100_003 + i))
         try:
             theirs = _within(
-                DRAW_TIMEOUT_S, lambda: calls(changed, random.Random(seed * 100_003 + i))
+                DRAW_TIMEOUT_S, lambda i=i: calls(changed, random.Random(seed * 100_003 + i))
             )
         except _Hung:
             return [*found, i]

@@ -4,9 +4,8 @@ the functions it covers, so that its silence on an equivalent means something.""
 
 from __future__ import annotations
 
-import pytest
-
 import probes
+import pytest
 
 PROBED = [(lesson, mutant) for lesson, found in sorted(probes.probed().items())
           for mutant in found]  # fmt: skip

@@ -17,6 +17,7 @@ pytest.importorskip("mkdocs_static_i18n", reason="the Chinese site needs mkdocs-
 import _sitebuild as sitebuild  # noqa: E402
 
 sitebuild.load_hook()  # puts docs/hooks on sys.path
+import notebook_twins  # noqa: E402
 import translation  # noqa: E402
 from directives import terms  # noqa: E402
 from mkdocs.exceptions import PluginError  # noqa: E402
@@ -445,21 +446,21 @@ def test_each_notebooks_chinese_twin_runs_its_code_and_translates_its_text():
     cells, in its order, and its Markdown translated from the English as it is today."""
     twins = [p for p in english_notebooks() if p.with_suffix(".zh.py").is_file()]
     assert len(twins) == len(english_notebooks()), "a notebook has no Chinese twin"
-    problems = [problem for p in twins for problem in translation.notebook_twin_problems(p)]
+    problems = [problem for p in twins for problem in notebook_twins.problems(p)]
     assert not problems, "\n".join(problems)
 
 
 def test_the_twin_check_sees_other_code_and_older_text(tmp_path):
     english = tmp_path / "01_x.py"
     english.write_text("# ---\n# ---\n\n# %% [markdown]\n# Hello\n\n# %%\nx = 1\n")
-    stamp = translation.notebook_prose_hash(english.read_text())
+    stamp = notebook_twins.prose_hash(english.read_text())
     twin = tmp_path / "01_x.zh.py"
     twin.write_text(f"# ---\n# jupyter:\n#   translated_from: {stamp}\n# ---\n\n# %% [markdown]\n# 你好\n\n"
                     "# %%\nx = 1\n")  # fmt: skip
-    assert translation.notebook_twin_problems(english) == []
+    assert notebook_twins.problems(english) == []
     twin.write_text(twin.read_text().replace("x = 1", "x = 2"))
-    assert translation.notebook_twin_problems(english) == ["01_x.zh.py: its code cells are not "
+    assert notebook_twins.problems(english) == ["01_x.zh.py: its code cells are not "
                                                            "01_x.py's"]  # fmt: skip
     english.write_text(english.read_text().replace("Hello", "Hello again").replace("= 1", "= 2"))
-    (problem,) = translation.notebook_twin_problems(english)
+    (problem,) = notebook_twins.problems(english)
     assert "01_x.py's text changed since it was translated" in problem

@@ -20,7 +20,6 @@ prints the median step next to the prediction. --model plans with the reference
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 import textwrap
 from pathlib import Path
@@ -120,35 +119,28 @@ def score(rows: list[dict]) -> dict | None:
     return {"error": error, "tau": tau, "shapes": len(ran)}
 
 
-HEADINGS = {
-    "en": ("| lesson | mesh (pp, dp, tp) × m | predicted | compute / tp+pp / dp / bubble "
-           "| measured (min-max) | ratio |"),
-    "zh": ("| 课 | 网格 (pp, dp, tp) × m | 预测 | 计算 / tp+pp / dp / 气泡 "
-           "| 实测（最小-最大） | 比值 |"),
-}  # fmt: skip
+def _english_score(scored: dict) -> str:
+    return (
+        f"Over the {scored['shapes']} shapes measured: the largest error |predicted / "
+        f"measured − 1| is {scored['error']:.0%}, and Kendall's τ between the predicted "
+        f"and the measured order is {scored['tau']:.2f} (1: every pair in the right order)."
+    )
 
 
-SKIPPED = re.compile(r"needs (\d+) GPUs; this machine has (\d+)")
+# The table's words; a page in another language passes its own (docs/hooks: Chinese).
+ENGLISH = {"heading": "| lesson | mesh (pp, dp, tp) × m | predicted | compute / tp+pp / dp / "
+                      "bubble | measured (min-max) | ratio |",
+           "skipped": "skipped: {}".format, "score": _english_score}  # fmt: skip
 
 
-def _skipped_zh(reason: str) -> str:
-    """Why a shape was not measured, in Chinese (the record keeps the English)."""
-    if m := SKIPPED.fullmatch(reason):
-        return f"需要 {m[1]} 块 GPU，本机只有 {m[2]} 块"
-    return f"`{reason}`"
-
-
-def render_markdown(doc: dict, lang: str = "en") -> str:
+def render_markdown(doc: dict, words: dict = ENGLISH) -> str:
     """The record as the page's table, in milliseconds: each shape's prediction and its
-    terms (compute / tp + pp / dp not hidden / bubble), the measured step and the ratio;
-    in English, or on a Chinese page (``lang="zh"``) in Chinese."""
-    zh = lang == "zh"
-    lines = [HEADINGS["zh" if zh else "en"], "|---|---|---|---|---|---|"]
+    terms (compute / tp + pp / dp not hidden / bubble), the measured step and the ratio."""
+    lines = [words["heading"], "|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         mesh = "({}, {}, {}) × {}".format(*r["shape"])
         if "skipped" in r:
-            said = f"跳过：{_skipped_zh(r['skipped'])}" if zh else f"skipped: {r['skipped']}"
-            lines.append(f"| {r['lesson']} | {mesh} | {said} | | | |")
+            lines.append(f"| {r['lesson']} | {mesh} | {words['skipped'](r['skipped'])} | | | |")
             continue
         p = {k: v * 1e3 for k, v in r["predicted"].items()}
         terms = (
@@ -159,15 +151,8 @@ def render_markdown(doc: dict, lang: str = "en") -> str:
         ratio = f"{r['ratio']:.2f}×" if "ratio" in r else ""
         lines.append(f"| {r['lesson']} | {mesh} | {p['total']:.1f} | {terms} | {measured} | "
                      f"{ratio} |")  # fmt: skip
-    if (scored := score(doc["rows"])) and zh:
-        lines += ["", f"在实测的 {scored['shapes']} 种形状上：最大误差 |预测 / 实测 − 1| 为 "
-                      f"{scored['error']:.0%}，预测顺序与实测顺序之间的 Kendall τ 为 "
-                      f"{scored['tau']:.2f}（1 表示每一对的顺序都对）。"]  # fmt: skip
-    elif scored:
-        lines += ["", f"Over the {scored['shapes']} shapes measured: the largest error "
-                      f"|predicted / measured − 1| is {scored['error']:.0%}, and Kendall's τ "
-                      f"between the predicted and the measured order is {scored['tau']:.2f} "
-                      "(1: every pair in the right order)."]  # fmt: skip
+    if scored := score(doc["rows"]):
+        lines += ["", words["score"](scored)]
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ pipeline schedules and bubble, lesson 14's meshes."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
@@ -49,6 +50,27 @@ def _measured(tool, directive: str, path: str, which: str, root: Path, lang: str
     )
 
 
+SKIPPED = re.compile(r"needs (\d+) GPUs; this machine has (\d+)")
+
+
+def _skipped_zh(reason: str) -> str:
+    """Why a shape was not measured, in Chinese (the record keeps the English)."""
+    if m := SKIPPED.fullmatch(reason):
+        return f"跳过：需要 {m[1]} 块 GPU，本机只有 {m[2]} 块"
+    return f"跳过：`{reason}`"
+
+
+# Lesson 15's plan table in Chinese (course/tools/student/planning.py's ENGLISH).
+PLAN_ZH = {
+    "heading": "| 课 | 网格 (pp, dp, tp) × m | 预测 | 计算 / tp+pp / dp / 气泡 "
+               "| 实测（最小-最大） | 比值 |",
+    "skipped": _skipped_zh,
+    "score": lambda s: (f"在实测的 {s['shapes']} 种形状上：最大误差 |预测 / 实测 − 1| 为 "
+                        f"{s['error']:.0%}，预测顺序与实测顺序之间的 Kendall τ 为 {s['tau']:.2f}"
+                        "（1 表示每一对的顺序都对）。"),
+}  # fmt: skip
+
+
 def render_plan(path: str, root: Path = ROOT, lang: str = "en") -> str:
     """Lesson 15's predicted and measured step times (`python -m course plan --measure`)."""
     import json
@@ -81,8 +103,8 @@ def render_plan(path: str, root: Path = ROOT, lang: str = "en") -> str:
             f"{model['dim']}, {model['depth']} blocks, {doc['batch']} sequences of "
             f"{model['seq']} a step."
         )
-    return (f"{planning.render_markdown(doc, lang)}\n\n"
-            f'??? course-provenance "{summary}"\n\n    {detail}\n')  # fmt: skip
+    table = planning.render_markdown(doc, PLAN_ZH if lang == "zh" else planning.ENGLISH)
+    return f'{table}\n\n??? course-provenance "{summary}"\n\n    {detail}\n'
 
 
 def render_zero_stages(name: str) -> str:
