@@ -12,9 +12,9 @@
 # ---
 
 # %% [markdown]
-# # 从笔记本启动 DDP
+# # 从 Notebook 启动 DDP
 #
-# 笔记本适合探索模型，却不适合从中启动分布式进程。这个笔记本先展示你首先会遇到的失败，解释它，
+# Notebook 适合探索模型，却不适合从中启动分布式进程。这个 Notebook 先展示你首先会遇到的失败，解释它，
 # 然后展示两种可行的办法：
 #
 # 1. 把 worker 函数放进一个 `.py` 文件，从这里用 `mp.spawn` 启动它；
@@ -101,19 +101,19 @@ print(next((line for line in lines if "Error:" in line), "\n".join(lines[-3:])))
 # 通过重新导入该模块来找到它。
 #
 # 对脚本来说，`__main__` 是一个文件：子进程重新导入它（作为 `__mp_main__`，这就是脚本需要
-# `if __name__ == "__main__":` 保护的原因）并找到函数。笔记本的 `__main__` 是内核的内存命名空间：
+# `if __name__ == "__main__":` 保护的原因）并找到函数。Notebook 的 `__main__` 是内核的内存命名空间：
 # 没有可以重新导入的文件，所以子进程的 `__main__` 是空的，查找以上面的 `AttributeError` 失败。
 # 父进程只知道有一个子进程以代码 1 退出。
 #
-# *fork* 启动方式会复制笔记本的内存，看起来能行，但在已经启动了 CUDA 或其他线程的进程里 fork
+# *fork* 启动方式会复制 Notebook 的内存，看起来能行，但在已经启动了 CUDA 或其他线程的进程里 fork
 # 是不安全的，PyTorch 也拒绝在 fork 出的子进程中使用 CUDA。请使用文件。
 
 # %% [markdown]
 # ## 2. 可行：worker 放在 `.py` 文件里
 #
-# `docs/notebooks/ddp_worker.py` 就在这个笔记本旁边。它的 `run(rank, world_size, port, out)` 加入进程组，
+# `docs/notebooks/ddp_worker.py` 就在这个 Notebook 旁边。它的 `run(rank, world_size, port, out)` 加入进程组，
 # 用 DDP 训练一个线性模型若干步，并把每个 rank 的损失和最终权重写进一个 JSON 文件：子进程的 `print`
-# 输出到内核的终端，而不是这个笔记本，所以结果通过文件传回来。
+# 输出到内核的终端，而不是这个 Notebook，所以结果通过文件传回来。
 
 # %%
 import ddp_worker  # noqa: E402 - imported here, where the notebook explains it
@@ -168,5 +168,5 @@ print("torchrun: both ranks agree on the weights.")
 # - `nprocs` / `--nproc-per-node` 等于 GPU 的数量；
 # - 别的都不变：worker 放进文件的规则相同，原因也相同。
 #
-# 真正训练时更推荐终端（或在单元格里用 `!torchrun ...`）：笔记本内核一旦崩溃，子进程的输出也随之
+# 真正训练时更推荐终端（或在单元格里用 `!torchrun ...`）：Notebook 内核一旦崩溃，子进程的输出也随之
 # 丢失。
